@@ -1,0 +1,35 @@
+import os
+
+from setuptools import find_packages, setup
+
+
+def read(name):
+    with open(os.path.join(os.path.dirname(__file__), name), encoding="utf-8") as f:
+        return f.read()
+
+
+setup(
+    name="training-toolkit",
+    version="0.1.0",
+    description="Entrypoint of ML training containers: a drop-in for the SageMaker training contract",
+    long_description=read("README.md"),
+    long_description_content_type="text/markdown",
+    packages=find_packages("src"),
+    package_dir={"": "src"},
+    python_requires=">=3.9",
+    install_requires=[
+        "boto3",       # code fetch from S3
+        "paramiko",    # SSH readiness checks for multi-host MPI
+        "psutil",      # process-tree checks where /proc is not enough
+        "retrying",    # retries with backoff for S3
+        "gevent",      # concurrent I/O
+    ],
+    extras_require={"test": ["pytest", "moto[server]", "hypothesis", "numpy", "mpi4py"]},
+    entry_points={
+        "console_scripts": [
+            "train=training_toolkit.trainer:main",
+            "training-toolkit=training_toolkit.cli:console_main",
+        ]
+    },
+    classifiers=["Programming Language :: Python :: 3", "Operating System :: POSIX :: Linux"],
+)

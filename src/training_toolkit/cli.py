@@ -1,0 +1,122 @@
+"""`training-toolkit`: run a job locally, print a job's plan or environment."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from . import params
+from .errors import ToolkitError, UsageError
+
+
+def _pairs(values, what):
+    out = {}
+    for item in values or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError("%s %r: expected NAME=VALUE" % (what, item))
+        out[key] = value
+    return out
+
+
+def cmd_local(args):
+    from .jobtree import reset_run_state, write_job_tree
+
+    code_dir = os.path.abspath(args.code_dir)
+    if not os.path.isdir(code_dir):
+        raise UsageError("code dir %s does not exist" % code_dir)
+    entry = args.entry_point or "train.py"
+    if not os.path.exists(os.path.join(code_dir, entry)):
+        raise UsageError("entry point %s not found in %s (use --entry-point)" % (entry, code_dir))
+    channels = _pairs(args.channel, "--channel")
+    for name, path in channels.items():
+        if not os.path.isdir(path):
+            raise UsageError("--channel %s=%s: not a directory" % (name, path))
+    job_dir = os.path.abspath(args.job_dir) if args.job_dir else tempfile.mkdtemp(prefix="tt-job-")
+    reset_run_state(job_dir)
+    paths = write_job_tree(job_dir, entry, code_dir, channels=channels,
+                           raw_hyperparameters=_pairs(args.hp, "--hp"))
+    env = dict(os.environ)
+    env[params.BASE_DIR_ENV] = job_dir
+    print("[training-toolkit] job tree: %s" % job_dir, file=sys.stderr, flush=True)
+    code = subprocess.call([sys.executable, "-m", "training_toolkit"], env=env)
+    verdict = "succeeded" if code == 0 else "failed with exit code %d" % code
+    print("[training-toolkit] job %s\n  model:  %s\n  output: %s"
+          % (verdict, paths.model_dir, paths.output_dir), file=sys.stderr, flush=True)
+    return code
+
+
+def _environment(args):
+    from .environment import Environment
+    from .paths import JobPaths
+
+    environ = dict(os.environ)
+    if args.job_dir:
+        environ[params.BASE_DIR_ENV] = os.path.abspath(args.job_dir)
+    return Environment.read(JobPaths.from_environ(environ), environ)
+
+
+def cmd_plan(args):
+    from .entry_point import plan
+
+    launch = plan(_environment(args))
+    if args.json:
+        print(json.dumps(launch.to_dict(), indent=2))
+        return 0
+    print("runner: %s\nhost:   %s (%s)" % (launch.runner, launch.host, launch.role))
+    for note in launch.notes:
+        print("note:   %s" % note)
+    cmd = launch.command
+    if cmd is None:
+        return 0
+    print("cwd:    %s\ncommand:\n  %s\nenvironment (added to the inherited one):"
+          % (cmd.cwd, cmd.shell_line()))
+    for key, value in sorted(cmd.env.items()):
+        print("  %s=%s" % (key, value))
+    return 0
+
+
+def cmd_env(args):
+    env = _environment(args)
+    exported = env.to_env_vars()
+    if args.json:
+        print(json.dumps(exported, indent=2, sort_keys=True))
+    else:
+        for key, value in sorted(exported.items()):
+            print("%s=%s" % (key, value))
+    return 0
+
+
+def parser():
+    p = argparse.ArgumentParser(prog="training-toolkit", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    local = sub.add_parser("local", help="run a job on this machine through `train`")
+    local.add_argument("code_dir", help="directory with the user's code")
+    local.add_argument("--entry-point", help="script or command in CODE_DIR (default train.py)")
+    local.add_argument("--hp", action="append", metavar="KEY=VALUE", help="hyperparameter")
+    local.add_argument("--channel", action="append", metavar="NAME=DIR", help="input channel")
+    local.add_argument("--job-dir", help="job tree to use (default: a new temp dir)")
+    local.set_defaults(func=cmd_local)
+
+    for name, func, text in (("plan", cmd_plan, "print what `train` would run, without running"),
+                             ("env", cmd_env, "print the exported SM_* variables")):
+        sp = sub.add_parser(name, help=text)
+        sp.add_argument("--job-dir", help="job tree (default: $SAGEMAKER_BASE_DIR or /opt/ml)")
+        sp.add_argument("--json", action="store_true", help="print JSON")
+        sp.set_defaults(func=func)
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ToolkitError as e:
+        print("training-toolkit: %s" % e, file=sys.stderr)
+        return e.exit_code
+
+
+def console_main():
+    sys.exit(main())

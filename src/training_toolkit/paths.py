@@ -1,0 +1,126 @@
+"""Every path under the job tree, named in one place.
+
+The job tree lives under ``SAGEMAKER_BASE_DIR`` (default ``/opt/ml``). Nothing
+else in the package joins path fragments under it by hand.
+"""
+import os
+
+DEFAULT_BASE_DIR = "/opt/ml"
+
+
+class JobPaths:
+    """Paths of one job tree. Cheap to build; touches no file."""
+
+    __slots__ = ("base",)
+
+    def __init__(self, base=None):
+        object.__setattr__(self, "base", os.path.abspath(base or DEFAULT_BASE_DIR))
+
+    def __setattr__(self, name, value):
+        raise AttributeError("JobPaths is immutable")
+
+    def __repr__(self):
+        return "JobPaths(%r)" % self.base
+
+    def __eq__(self, other):
+        return isinstance(other, JobPaths) and other.base == self.base
+
+    def __hash__(self):
+        return hash(self.base)
+
+    @classmethod
+    def from_environ(cls, environ=None):
+        environ = os.environ if environ is None else environ
+        return cls(environ.get("SAGEMAKER_BASE_DIR") or DEFAULT_BASE_DIR)
+
+    def _join(self, *parts):
+        return os.path.join(self.base, *parts)
+
+    # input/
+    @property
+    def input_dir(self):
+        return self._join("input")
+
+    @property
+    def input_config_dir(self):
+        return self._join("input", "config")
+
+    @property
+    def input_data_dir(self):
+        return self._join("input", "data")
+
+    @property
+    def hyperparameters_file(self):
+        return self._join("input", "config", "hyperparameters.json")
+
+    @property
+    def resource_config_file(self):
+        return self._join("input", "config", "resourceconfig.json")
+
+    @property
+    def input_data_config_file(self):
+        return self._join("input", "config", "inputdataconfig.json")
+
+    def channel_dir(self, name):
+        return self._join("input", "data", name)
+
+    # SDK v3 layout: the code is the `code` channel, drivers live in `sm_drivers`.
+    @property
+    def drivers_dir(self):
+        return self._join("input", "data", "sm_drivers")
+
+    @property
+    def distributed_config_file(self):
+        return self._join("input", "data", "sm_drivers", "distributed.json")
+
+    @property
+    def source_code_file(self):
+        return self._join("input", "data", "sm_drivers", "sourcecode.json")
+
+    @property
+    def v3_code_dir(self):
+        return self._join("input", "data", "code")
+
+    # code/, model/
+    @property
+    def code_dir(self):
+        return self._join("code")
+
+    @property
+    def model_dir(self):
+        return self._join("model")
+
+    # output/
+    @property
+    def output_dir(self):
+        return self._join("output")
+
+    @property
+    def output_data_dir(self):
+        return self._join("output", "data")
+
+    @property
+    def output_intermediate_dir(self):
+        return self._join("output", "intermediate")
+
+    @property
+    def success_file(self):
+        return self._join("output", "success")
+
+    @property
+    def failure_file(self):
+        return self._join("output", "failure")
+
+    @property
+    def status_file(self):
+        return self._join("output", "status.json")
+
+    # The toolkit's own scratch space (per host): the exported environment for
+    # ranks started remotely, ssh material for the job, and the like.
+    @property
+    def toolkit_dir(self):
+        return self._join("toolkit")
+
+    @property
+    def exported_env_file(self):
+        return self._join("toolkit", "env.json")

@@ -1,0 +1,52 @@
+"""Accelerator and CPU counts. Each probe runs at most once per process; the
+MPI wrapper on remote ranks reads the exported values instead of probing."""
+import json
+import os
+import shutil
+import subprocess
+
+_cache = {}
+
+
+def _probe(name, argv, parse):
+    if name in _cache:
+        return _cache[name]
+    count = 0
+    if shutil.which(argv[0]):
+        try:
+            out = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                 timeout=30, check=False).stdout
+            count = parse(out.decode("utf-8", "replace"))
+        except (OSError, subprocess.SubprocessError, ValueError):
+            count = 0
+    _cache[name] = count
+    return count
+
+
+def _count_gpu_lines(text):
+    return sum(1 for line in text.splitlines() if line.startswith("GPU "))
+
+
+def _count_neuron_cores(text):
+    devices = json.loads(text) if text.strip() else []
+    return sum(int(dev.get("nc_count", 0)) for dev in devices)
+
+
+def num_gpus():
+    return _probe("gpus", ["nvidia-smi", "--list-gpus"], _count_gpu_lines)
+
+
+def num_neurons():
+    return _probe("neurons", ["neuron-ls", "-j"], _count_neuron_cores)
+
+
+def num_cpus():
+    return os.cpu_count() or 1
+
+
+def processes_per_host(explicit=None):
+    """The per-host process count rule shared by every runner: an explicit
+    value, else GPUs, else Neuron cores, else 1."""
+    if explicit:
+        return int(explicit)
+    return num_gpus() or num_neurons() or 1

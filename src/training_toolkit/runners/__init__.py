@@ -1,0 +1,52 @@
+"""Runners: each turns the environment into a `LaunchPlan` (pure) and runs it
+under a `Supervisor`. `select()` picks the runner a job asks for."""
+import enum
+import importlib
+
+from .. import params
+
+
+class RunnerType(enum.Enum):
+    """Same members as sagemaker_training.runner.RunnerType."""
+
+    Process = "process"
+    MPI = "mpi"
+    SMDataParallel = "smddp"
+    TorchDistributed = "torchrun"
+
+
+_MODULES = {
+    RunnerType.Process: "process",
+    RunnerType.MPI: "mpi",
+    RunnerType.SMDataParallel: "smddp",
+    RunnerType.TorchDistributed: "torchrun",
+}
+
+
+def select(env):
+    """The runner a job's framework parameters ask for. Distribution applies
+    only to hosts of the distribution instance groups."""
+    fp = env.additional_framework_parameters
+    if env.current_instance_group not in env.distribution_instance_groups:
+        return RunnerType.Process
+    if params.is_true(fp.get(params.SMDDP_ENABLED)) or params.is_true(
+            fp.get(params.PYTORCH_DDP_ENABLED)):
+        return RunnerType.SMDataParallel
+    if params.is_true(fp.get(params.MPI_ENABLED)):
+        return RunnerType.MPI
+    if params.is_true(fp.get(params.TORCH_DISTRIBUTED_ENABLED)):
+        return RunnerType.TorchDistributed
+    return RunnerType.Process
+
+
+def load(runner_type):
+    """The runner module for a RunnerType (imported only when used)."""
+    from ..errors import ConfigError
+
+    try:
+        return importlib.import_module("." + _MODULES[runner_type], __name__)
+    except ModuleNotFoundError as e:
+        if e.name and e.name.startswith(__name__):
+            raise ConfigError("the %s runner is not available in this version of "
+                              "training-toolkit" % runner_type.name) from None
+        raise

@@ -1,0 +1,100 @@
+"""Launch plans: what a runner will start on this host, as data.
+
+Planning is pure: a runner turns an `Environment` (and the code dir's layout)
+into a `LaunchPlan` without starting anything, so `training-toolkit plan` can
+print it and tests can check it without processes.
+"""
+import os
+import shlex
+import sys
+
+PYTHON_PROGRAM = "python-program"
+PYTHON_PACKAGE = "python-package"
+COMMAND = "command"
+
+
+class Command:
+    """One process to start: argv (never through a shell), the variables added
+    to the inherited environment, and the working directory."""
+
+    __slots__ = ("argv", "env", "cwd")
+
+    def __init__(self, argv, env, cwd):
+        self.argv = tuple(argv)
+        self.env = dict(env)
+        self.cwd = cwd
+
+    def full_env(self, base=None):
+        merged = dict(os.environ if base is None else base)
+        merged.update(self.env)
+        return merged
+
+    def shell_line(self):
+        return " ".join(shlex.quote(a) for a in self.argv)
+
+    def to_dict(self):
+        return {"argv": list(self.argv), "cwd": self.cwd, "env": dict(sorted(self.env.items()))}
+
+
+class LaunchPlan:
+    """What runs on this host. `command` is None for a host that only serves
+    the job (an MPI worker waits for the master's ranks)."""
+
+    __slots__ = ("runner", "host", "role", "command", "notes")
+
+    def __init__(self, runner, host, role, command, notes=()):
+        self.runner = runner
+        self.host = host
+        self.role = role
+        self.command = command
+        self.notes = tuple(notes)
+
+    def to_dict(self):
+        return {
+            "runner": self.runner,
+            "host": self.host,
+            "role": self.role,
+            "command": self.command.to_dict() if self.command else None,
+            "notes": list(self.notes),
+        }
+
+
+def entry_kind(code_dir, entry_point):
+    """How the entry point runs: a `.sh` is a command; a code dir with
+    setup.py/pyproject.toml is a package run with `python -m`; `.py` is a
+    program; anything else is a command."""
+    if entry_point.endswith(".sh"):
+        return COMMAND
+    if any(os.path.exists(os.path.join(code_dir, f)) for f in ("setup.py", "pyproject.toml")):
+        return PYTHON_PACKAGE
+    if entry_point.endswith(".py"):
+        return PYTHON_PROGRAM
+    return COMMAND
+
+
+def program_argv(code_dir, entry_point, args, python=None):
+    """The user's program as an argv list, run from the code dir."""
+    python = python or sys.executable
+    kind = entry_kind(code_dir, entry_point)
+    if kind == PYTHON_PACKAGE:
+        module = entry_point[:-3] if entry_point.endswith(".py") else entry_point
+        return [python, "-m", module.replace("/", ".")] + list(args)
+    if kind == PYTHON_PROGRAM:
+        return [python, entry_point] + list(args)
+    return [os.path.join(code_dir, entry_point)] + list(args)
+
+
+def base_env(env, extra=None):
+    """Variables every user process gets: the SM_* contract, unbuffered
+    Python, and the few plain names the reference also exports."""
+    out = env.to_env_vars()
+    out["PYTHONUNBUFFERED"] = "1"
+    out["CURRENT_HOST"] = env.current_host
+    if env.job_name:
+        out["TRAINING_JOB_NAME"] = env.job_name
+    if env.region:
+        out["SAGEMAKER_REGION"] = env.region
+    if extra:
+        out.update(extra)
+    return out
+

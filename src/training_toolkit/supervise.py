@@ -1,0 +1,220 @@
+"""Supervision: spawn one command tree, relay its output, forward signals,
+and report how it ended.
+
+stdout is inherited: the user's writes reach our stdout with no copy at all,
+so lines arrive as written and nothing is split or merged. stderr goes through
+a pipe so that we keep a bounded tail for the failure report; the relay writes
+whole lines only, so it never splits a line against stdout.
+"""
+import os
+import signal
+import subprocess
+import threading
+import time
+
+from . import proctree
+
+TAIL_BYTES = 64 * 1024
+READ_CHUNK = 1 << 16
+# A line longer than this is flushed in pieces rather than held in memory.
+MAX_HELD_LINE = 8 << 20
+# After the main process has ended, leftovers get this long between SIGTERM
+# and SIGKILL.
+LEFTOVER_GRACE_S = 2.0
+
+
+class Outcome:
+    """How a supervised command ended."""
+
+    __slots__ = ("exit_code", "stderr_tail", "terminated_by_us")
+
+    def __init__(self, exit_code, stderr_tail, terminated_by_us):
+        self.exit_code = exit_code
+        self.stderr_tail = stderr_tail
+        self.terminated_by_us = terminated_by_us
+
+    def __repr__(self):
+        return "Outcome(exit_code=%r, terminated_by_us=%r)" % (
+            self.exit_code, self.terminated_by_us)
+
+
+def exit_code_of(returncode):
+    """Popen returncode -> shell-style exit code (signal N -> 128+N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class LineRelay(threading.Thread):
+    """Copies a pipe to `out_fd` in whole lines and keeps the last TAIL_BYTES.
+    `transform`, if given, rewrites each block of whole lines (the MPI runner
+    names the host in each rank's prefix this way)."""
+
+    def __init__(self, fd, out_fd=2, transform=None):
+        super().__init__(name="relay-%d" % out_fd, daemon=True)
+        self.fd = fd
+        self.out_fd = out_fd
+        self.transform = transform
+        self.tail = bytearray()
+
+    def run(self):
+        held = b""
+        read, fd = os.read, self.fd
+        while True:
+            try:
+                chunk = read(fd, READ_CHUNK)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            cut = chunk.rfind(b"\n")
+            if cut < 0:
+                held += chunk
+                if len(held) > MAX_HELD_LINE:
+                    self._emit(held)
+                    held = b""
+                continue
+            self._emit(held + chunk[:cut + 1] if held else chunk[:cut + 1])
+            held = chunk[cut + 1:]
+        if held:
+            self._emit(held)
+        os.close(fd)
+
+    def _emit(self, block):
+        if self.transform is not None:
+            block = self.transform(block)
+        self._keep(block)
+        self._write(block)
+
+    def _keep(self, chunk):
+        tail = self.tail
+        tail += chunk
+        if len(tail) > 2 * TAIL_BYTES:
+            del tail[:-TAIL_BYTES]
+
+    def _write(self, data):
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(self.out_fd, view)
+            except InterruptedError:
+                continue
+            except OSError:
+                return  # our stderr is gone; keep draining so the child never blocks
+            view = view[n:]
+
+    def tail_bytes(self):
+        return bytes(self.tail[-TAIL_BYTES:])
+
+
+class Supervisor:
+    """Runs commands one at a time as killable units.
+
+    `terminate()` may be called from a signal handler: it sends SIGTERM to the
+    whole tree and arms a timer that SIGKILLs what is left after the grace
+    period. Every run ends with no descendant left alive.
+    """
+
+    def __init__(self, grace_seconds=110.0):
+        self.grace_seconds = grace_seconds
+        self.proc = None
+        self.terminating = False
+        self._kill_timer = None
+        # pids of services the toolkit runs itself (sshd): not part of a job.
+        self.services = set()
+        self._not_ours = set()
+        self._relays = {}
+        self.on_terminate = None
+        proctree.become_subreaper()
+
+    def run(self, argv, env=None, cwd=None, relay_stderr=True, transform=None):
+        """Run `argv` to completion and return its Outcome."""
+        self.start(argv, env=env, cwd=cwd, relay_stderr=relay_stderr, transform=transform)
+        return self.wait()
+
+    def start(self, argv, env=None, cwd=None, relay_stderr=True, transform=None):
+        """Start `argv` in its own session. stdout is inherited unless a
+        `transform` asks for its lines to be rewritten; stderr is relayed."""
+        if self.terminating:
+            raise Terminated(signal.SIGTERM)
+        # Children we already had (a framework's own helpers, sshd) are not
+        # part of this command's tree; anything reparented to us later is.
+        self._not_ours = self.services | set(proctree.children(os.getpid()))
+        stderr = subprocess.PIPE if relay_stderr else None
+        stdout = subprocess.PIPE if transform is not None else None
+        self.proc = subprocess.Popen(
+            list(argv), env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=stdout,
+            stderr=stderr, start_new_session=True, preexec_fn=proctree.die_with_parent,
+        )
+        self._relays = {}
+        for name, pipe, out_fd in (("stdout", self.proc.stdout, 1),
+                                   ("stderr", self.proc.stderr, 2)):
+            if pipe is not None:
+                relay = LineRelay(os.dup(pipe.fileno()), out_fd, transform)
+                pipe.close()
+                relay.start()
+                self._relays[name] = relay
+        return self.proc
+
+    def wait(self):
+        proc = self.proc
+        returncode = proc.wait()
+        self._end_leftovers(proc.pid)
+        for relay in self._relays.values():
+            relay.join()
+        tail = self._relays["stderr"].tail_bytes() if "stderr" in self._relays else b""
+        if self._kill_timer is not None:
+            self._kill_timer.cancel()
+        self.proc = None
+        return Outcome(exit_code_of(returncode), tail, self.terminating)
+
+    def terminate(self, sig=signal.SIGTERM):
+        """Forward `sig` to the running tree, SIGKILL it after the grace period.
+        A runner may set `on_terminate` to stop its job its own way (the MPI
+        master stops the ranks on every host, not mpirun)."""
+        self.terminating = True
+        proc = self.proc
+        if proc is None:
+            return
+        if self.on_terminate is not None:
+            self.on_terminate(sig)
+        else:
+            proctree.signal_tree(proc.pid, sig, pgid=proc.pid, exclude=self._not_ours)
+        if self._kill_timer is None:
+            self._kill_timer = threading.Timer(self.grace_seconds, self._kill, args=(proc,))
+            self._kill_timer.daemon = True
+            self._kill_timer.start()
+
+    def _kill(self, proc):
+        proctree.signal_tree(proc.pid, signal.SIGKILL, pgid=proc.pid, exclude=self._not_ours)
+
+    def _end_leftovers(self, main_pid):
+        """The main process has exited; end whatever it left behind: its
+        process group and any descendant that escaped into its own session."""
+        try:
+            os.killpg(main_pid, 0)
+            group_alive = True
+        except OSError:
+            group_alive = False
+        if not group_alive and not self._leftovers():
+            return
+        proctree.signal_tree(main_pid, signal.SIGTERM, pgid=main_pid, exclude=self._not_ours)
+        deadline = time.monotonic() + LEFTOVER_GRACE_S
+        delay = 0.005
+        while time.monotonic() < deadline:
+            proctree.reap_leftovers(self._not_ours)
+            if not self._leftovers():
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+        proctree.signal_tree(main_pid, signal.SIGKILL, pgid=main_pid, exclude=self._not_ours)
+        proctree.reap_leftovers(self._not_ours)
+
+    def _leftovers(self):
+        return proctree.descendants(os.getpid(), self._not_ours)
+
+
+class Terminated(Exception):
+    """`train` was asked to stop (SIGTERM/SIGINT) between commands."""
+
+    def __init__(self, signum):
+        super().__init__("terminated by %s" % signal.Signals(signum).name)
+        self.signum = signum

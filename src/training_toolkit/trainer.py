@@ -1,0 +1,113 @@
+"""`train`: the container entrypoint.
+
+Reads the job, runs the framework hook or the default flow, and ends with an
+honest verdict: `success` or `failure`, `status.json`, and the exit code.
+"""
+import os
+import signal
+import sys
+import traceback
+
+from . import entry_point, log, params
+from .environment import Environment
+from .errors import ClientError, InternalError, ToolkitError
+from .paths import JobPaths
+from .report import Reporter
+from .supervise import Supervisor, Terminated
+
+
+def grace_seconds(environ=os.environ):
+    raw = environ.get(params.GRACE_ENV)
+    try:
+        return float(raw) if raw else params.DEFAULT_GRACE_SECONDS
+    except ValueError:
+        return params.DEFAULT_GRACE_SECONDS
+
+
+def _install_signal_handlers(supervisor):
+    def on_signal(signum, _frame):
+        log.info("received %s: stopping the job (SIGTERM now, SIGKILL after %gs)"
+                 % (signal.Signals(signum).name, supervisor.grace_seconds))
+        if supervisor.proc is not None:
+            supervisor.terminate()
+        elif not supervisor.terminating:
+            supervisor.terminating = True
+            raise Terminated(signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+
+def call_framework_hook(spec):
+    """SAGEMAKER_TRAINING_MODULE=pkg.module:function -> import and call it."""
+    import importlib
+
+    module_name, _, function_name = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+        function = getattr(module, function_name or "main")
+    except (ImportError, AttributeError) as e:
+        from .errors import ImportModuleError
+
+        raise ImportModuleError("%s=%r cannot be loaded: %s"
+                                % (params.TRAINING_MODULE_ENV, spec, e)) from None
+    function()
+
+
+def train():
+    """The whole job on this host; returns the exit code."""
+    paths = JobPaths.from_environ()
+    reporter = Reporter(paths)
+    supervisor = Supervisor(grace_seconds())
+    entry_point.attach(supervisor, reporter)
+    _install_signal_handlers(supervisor)
+    hook = None
+    try:
+        reporter.begin("contract")
+        env = Environment.read(paths)
+        log.set_level(env.log_level)
+        reporter.set(host=env.current_host)
+        reporter.end()
+        for d in (paths.model_dir, paths.output_data_dir, paths.output_intermediate_dir):
+            os.makedirs(d, exist_ok=True)
+        hook = env.framework_module
+        if hook:
+            reporter.begin("framework")
+            reporter.set(runner="framework:" + hook)
+            call_framework_hook(hook)
+            reporter.end()
+        else:
+            entry_point.execute(env, supervisor, reporter)
+        reporter.succeeded()
+        return 0
+    except ToolkitError as error:
+        return _fail(reporter, error)
+    except Terminated as stop:
+        return _fail(reporter, ClientError("%s before the user's program finished" % stop,
+                                           exit_code=128 + stop.signum))
+    except SystemExit as stop:  # a framework hook calling sys.exit()
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        if code == 0:
+            reporter.succeeded()
+            return 0
+        return _fail(reporter, ClientError("the framework hook exited with code %d" % code,
+                                           exit_code=code))
+    except Exception:
+        if hook:
+            error = ClientError("the framework hook %s failed:\n%s"
+                                % (hook, traceback.format_exc()))
+        else:
+            error = InternalError("unexpected error in training-toolkit (please report it):\n%s"
+                                  % traceback.format_exc())
+        return _fail(reporter, error)
+
+
+def _fail(reporter, error):
+    mine = reporter.failed(error)
+    log.error("%s: %s%s" % (error.kind, str(error).splitlines()[0] if str(error) else "",
+                            "" if mine else " (keeping the failure file the job wrote)"))
+    return error.exit_code
+
+
+def main():
+    sys.exit(train())
