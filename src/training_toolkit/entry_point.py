@@ -99,6 +99,7 @@ def execute(env, supervisor, reporter, uri=None, entry_point=None, args=None,
     _phase(reporter, "install", install, env, supervisor)
     check_entry_point(env, entry_point)
     runner = load(runner_type)
+    args = env.to_cmd_args() if args is None else list(args)
     launch = plan(env, entry_point, args, runner_type, env_vars, extra_opts)
     command = launch.command.shell_line() if launch.command else None
     reporter.set(runner=launch.runner, role=launch.role, command=command)
@@ -107,9 +108,8 @@ def execute(env, supervisor, reporter, uri=None, entry_point=None, args=None,
     outcome = _phase(reporter, "run", runner.run, launch, supervisor, env)
     if outcome.exit_code != 0 or outcome.terminated_by_us:
         code = outcome.exit_code or 143  # stopped by SIGTERM counts as a failure
-        raise ExecuteUserScriptError(launch.command.argv if launch.command else [entry_point],
-                                     code, outcome.stderr_tail,
-                                     where=getattr(outcome, "where", None))
+        raise ExecuteUserScriptError([entry_point] + args, code, outcome.stderr_tail,
+                                     where=outcome.where)
     return outcome
 
 

@@ -84,6 +84,16 @@ def signal_tree(root_pid, sig, pgid=None, exclude=()):
     return hit
 
 
+def kill_tree(pid, sig):
+    """Send `sig` to `pid` and its descendants (for trees that are not ours,
+    such as sshd or a rank started by orted)."""
+    for target in [pid] + descendants(pid):
+        try:
+            os.kill(target, sig)
+        except OSError:
+            pass
+
+
 def reap_leftovers(exclude=()):
     """Collect zombies of reparented orphans so they do not accumulate."""
     for pid in children(os.getpid()):

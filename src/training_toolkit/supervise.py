@@ -26,12 +26,13 @@ LEFTOVER_GRACE_S = 2.0
 class Outcome:
     """How a supervised command ended."""
 
-    __slots__ = ("exit_code", "stderr_tail", "terminated_by_us")
+    __slots__ = ("exit_code", "stderr_tail", "terminated_by_us", "where")
 
-    def __init__(self, exit_code, stderr_tail, terminated_by_us):
+    def __init__(self, exit_code, stderr_tail, terminated_by_us, where=None):
         self.exit_code = exit_code
         self.stderr_tail = stderr_tail
         self.terminated_by_us = terminated_by_us
+        self.where = where  # which rank on which host failed, for multi-host jobs
 
     def __repr__(self):
         return "Outcome(exit_code=%r, terminated_by_us=%r)" % (
@@ -48,11 +49,12 @@ class LineRelay(threading.Thread):
     `transform`, if given, rewrites each block of whole lines (the MPI runner
     names the host in each rank's prefix this way)."""
 
-    def __init__(self, fd, out_fd=2, transform=None):
+    def __init__(self, fd, out_fd=2, transform=None, line_at_a_time=False):
         super().__init__(name="relay-%d" % out_fd, daemon=True)
         self.fd = fd
         self.out_fd = out_fd
         self.transform = transform
+        self.line_at_a_time = line_at_a_time
         self.tail = bytearray()
 
     def run(self):
@@ -82,7 +84,13 @@ class LineRelay(threading.Thread):
         if self.transform is not None:
             block = self.transform(block)
         self._keep(block)
-        self._write(block)
+        if self.line_at_a_time:
+            # A reader that tags what it reads per read (OpenMPI's orted)
+            # then sees every line whole.
+            for line in block.splitlines(keepends=True):
+                self._write(line)
+        else:
+            self._write(block)
 
     def _keep(self, chunk):
         tail = self.tail
@@ -125,21 +133,24 @@ class Supervisor:
         self.on_terminate = None
         proctree.become_subreaper()
 
-    def run(self, argv, env=None, cwd=None, relay_stderr=True, transform=None):
+    def run(self, argv, env=None, cwd=None, **relay_options):
         """Run `argv` to completion and return its Outcome."""
-        self.start(argv, env=env, cwd=cwd, relay_stderr=relay_stderr, transform=transform)
+        self.start(argv, env=env, cwd=cwd, **relay_options)
         return self.wait()
 
-    def start(self, argv, env=None, cwd=None, relay_stderr=True, transform=None):
-        """Start `argv` in its own session. stdout is inherited unless a
-        `transform` asks for its lines to be rewritten; stderr is relayed."""
+    def start(self, argv, env=None, cwd=None, relay_stdout=False, relay_stderr=True,
+              transform=None, line_at_a_time=False):
+        """Start `argv` in its own session. stdout is inherited (no copy at
+        all) unless `relay_stdout`; stderr is relayed and its tail kept.
+        Relayed output is written in whole lines, optionally rewritten by
+        `transform`, optionally one line per write."""
         if self.terminating:
             raise Terminated(signal.SIGTERM)
         # Children we already had (a framework's own helpers, sshd) are not
         # part of this command's tree; anything reparented to us later is.
         self._not_ours = self.services | set(proctree.children(os.getpid()))
         stderr = subprocess.PIPE if relay_stderr else None
-        stdout = subprocess.PIPE if transform is not None else None
+        stdout = subprocess.PIPE if relay_stdout else None
         self.proc = subprocess.Popen(
             list(argv), env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=stdout,
             stderr=stderr, start_new_session=True, preexec_fn=proctree.die_with_parent,
@@ -148,7 +159,7 @@ class Supervisor:
         for name, pipe, out_fd in (("stdout", self.proc.stdout, 1),
                                    ("stderr", self.proc.stderr, 2)):
             if pipe is not None:
-                relay = LineRelay(os.dup(pipe.fileno()), out_fd, transform)
+                relay = LineRelay(os.dup(pipe.fileno()), out_fd, transform, line_at_a_time)
                 pipe.close()
                 relay.start()
                 self._relays[name] = relay
@@ -169,19 +180,21 @@ class Supervisor:
     def terminate(self, sig=signal.SIGTERM):
         """Forward `sig` to the running tree, SIGKILL it after the grace period.
         A runner may set `on_terminate` to stop its job its own way (the MPI
-        master stops the ranks on every host, not mpirun)."""
-        self.terminating = True
+        master stops the ranks on every host, not mpirun). Returns False when
+        nothing runs that could be stopped."""
         proc = self.proc
-        if proc is None:
-            return
+        if proc is None and self.on_terminate is None:
+            return False
+        self.terminating = True
         if self.on_terminate is not None:
             self.on_terminate(sig)
         else:
             proctree.signal_tree(proc.pid, sig, pgid=proc.pid, exclude=self._not_ours)
-        if self._kill_timer is None:
+        if proc is not None and self._kill_timer is None:
             self._kill_timer = threading.Timer(self.grace_seconds, self._kill, args=(proc,))
             self._kill_timer.daemon = True
             self._kill_timer.start()
+        return True
 
     def _kill(self, proc):
         proctree.signal_tree(proc.pid, signal.SIGKILL, pgid=proc.pid, exclude=self._not_ours)

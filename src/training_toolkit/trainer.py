@@ -28,9 +28,7 @@ def _install_signal_handlers(supervisor):
     def on_signal(signum, _frame):
         log.info("received %s: stopping the job (SIGTERM now, SIGKILL after %gs)"
                  % (signal.Signals(signum).name, supervisor.grace_seconds))
-        if supervisor.proc is not None:
-            supervisor.terminate()
-        elif not supervisor.terminating:
+        if not supervisor.terminate() and not supervisor.terminating:
             supervisor.terminating = True
             raise Terminated(signum)
 

@@ -40,14 +40,19 @@ class LaunchPlan:
     """What runs on this host. `command` is None for a host that only serves
     the job (an MPI worker waits for the master's ranks)."""
 
-    __slots__ = ("runner", "host", "role", "command", "notes")
+    __slots__ = ("runner", "host", "role", "command", "notes", "user_env", "settings")
 
-    def __init__(self, runner, host, role, command, notes=()):
+    def __init__(self, runner, host, role, command, notes=(), user_env=None, settings=None):
         self.runner = runner
         self.host = host
         self.role = role
         self.command = command
         self.notes = tuple(notes)
+        # Variables added for the user's processes on this host (the command's
+        # own env for a single process; written to a file for MPI ranks).
+        self.user_env = dict(command.env if user_env is None and command else user_env or {})
+        # Runner-specific decisions the run step needs (MPI: hosts, counts).
+        self.settings = settings
 
     def to_dict(self):
         return {
@@ -55,6 +60,7 @@ class LaunchPlan:
             "host": self.host,
             "role": self.role,
             "command": self.command.to_dict() if self.command else None,
+            "user_env": None if self.command else dict(sorted(self.user_env.items())),
             "notes": list(self.notes),
         }
 

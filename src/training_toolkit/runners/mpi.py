@@ -1,0 +1,347 @@
+"""The MPI runner: OpenMPI's mpirun over SSH across the distribution hosts.
+
+Every host's `train` writes its own environment to its job tree; ranks start
+through `training_toolkit.rank`, which loads that file, so each rank sees its
+own host. The master runs mpirun; workers start sshd, connect to the master's
+control port and wait for the verdict, which every host then reports.
+
+Rank output is tagged `[<host>,<rank>]<stdout>:` / `[<host>,<rank>]<stderr>:`
+(mpirun's --tag-output, with the job id replaced by the rank's host).
+"""
+import importlib.util
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import sys
+import threading
+import time
+
+from .. import control, log, params, proctree, resources, ssh
+from ..errors import ClusterError, ConfigError, MissingProgramError
+from ..supervise import Outcome
+from .plan import Command, LaunchPlan, PYTHON_PROGRAM, base_env, entry_kind, program_argv
+
+NAME = "mpi"
+MPI_OPTIONS = (
+    "-mca", "plm_rsh_no_tree_spawn", "1",
+    "-mca", "pml", "ob1",
+    "-mca", "btl", "^openib",
+    "-mca", "orte_abort_on_non_zero_status", "1",
+    "-mca", "btl_vader_single_copy_mechanism", "none",
+)
+# How long a worker keeps its ranks after losing the master before SIGKILL.
+LOST_MASTER_GRACE_S = 5.0
+_TAG = re.compile(rb"^\[\d+,(\d+)\]<(stdout|stderr)>:", re.M)
+
+
+class MpiSettings:
+    """The parts of the plan the hosts must agree on."""
+
+    def __init__(self, env, options, custom_key=params.MPI_CUSTOM_OPTIONS):
+        fp = dict(env.additional_framework_parameters)
+        fp.update(options or {})
+        hosts = env.distribution_hosts
+        try:
+            self.per_host = resources.processes_per_host(fp.get(params.MPI_PROCESSES_PER_HOST))
+            total = fp.get(params.MPI_NUM_PROCESSES)
+            self.total = int(total) if total else self.per_host * len(hosts)
+        except (TypeError, ValueError):
+            raise ConfigError("must be an integer", path=env.paths.hyperparameters_file,
+                              field=params.MPI_PROCESSES_PER_HOST) from None
+        if self.per_host < 1 or self.total < 1:
+            raise ConfigError("process counts must be >= 1",
+                              path=env.paths.hyperparameters_file,
+                              field=params.MPI_PROCESSES_PER_HOST)
+        custom = fp.get(custom_key) or ""
+        try:
+            self.custom = shlex.split(custom) if isinstance(custom, str) else list(custom)
+        except ValueError as e:
+            raise ConfigError("cannot be split like a shell line: %s" % e,
+                              path=env.paths.hyperparameters_file, field=custom_key) from None
+        self.hosts = hosts
+        self.master = env.master_hostname
+        self.interface = env.network_interface_name
+        self.control_port = control.control_port(os.environ)
+
+    def rank_host(self, rank):
+        """Where mpirun's default by-slot mapping puts `rank`."""
+        index = min(rank // self.per_host, len(self.hosts) - 1)
+        return self.hosts[index]
+
+
+def env_file(env):
+    return os.path.join(env.paths.toolkit_dir, "rank-env.json")
+
+
+def known_hosts_file(env):
+    return os.path.join(env.paths.toolkit_dir, "known_hosts")
+
+
+def ranks_dir(env):
+    return os.path.join(env.paths.toolkit_dir, "ranks")
+
+
+def rank_program(env, entry_point, args):
+    """A Python program runs under `python -m mpi4py` when mpi4py is there,
+    so an uncaught exception aborts the job instead of hanging it."""
+    argv = program_argv(env.code_dir, entry_point, args)
+    if entry_kind(env.code_dir, entry_point) == PYTHON_PROGRAM and \
+            importlib.util.find_spec("mpi4py") is not None:
+        argv = argv[:1] + ["-m", "mpi4py"] + argv[1:]
+    return argv
+
+
+def mpirun_argv(env, settings, program, extra_args=()):
+    iface = settings.interface
+    if len(settings.hosts) == 1:
+        # One host: every rank is local; mpirun must not ssh to our own name,
+        # and the network options would only name an interface nobody uses.
+        argv = ["mpirun", "--host", "localhost:%d" % settings.per_host]
+        network = []
+    else:
+        argv = ["mpirun", "--host", ",".join("%s:%d" % (h, settings.per_host)
+                                              for h in settings.hosts)]
+        network = ["-mca", "btl_tcp_if_include", iface, "-mca", "oob_tcp_if_include", iface]
+    argv += ["-np", str(settings.total), "--allow-run-as-root", "--tag-output"] + network
+    argv += list(MPI_OPTIONS)
+    argv += ["-mca", "plm_rsh_args",
+             "-o UserKnownHostsFile=%s -o StrictHostKeyChecking=yes -o BatchMode=yes"
+             % known_hosts_file(env)]
+    argv += ["-x", "NCCL_SOCKET_IFNAME=%s" % iface]
+    argv += list(extra_args) + settings.custom
+    argv += [sys.executable, "-m", "training_toolkit.rank", "--env-file", env_file(env), "--"]
+    return argv + list(program)
+
+
+def plan(env, entry_point, args, extra_env=None, options=None,
+         custom_key=params.MPI_CUSTOM_OPTIONS, name=NAME, extra_mpi_args=()):
+    settings = MpiSettings(env, options, custom_key)
+    user_env = base_env(env, extra_env)
+    if env.current_host != settings.master:
+        return LaunchPlan(name, env.current_host, "worker", None, user_env=user_env,
+                          settings=settings, notes=(
+            "starts sshd, serves the ranks that the master %s starts here" % settings.master,))
+    argv = mpirun_argv(env, settings, rank_program(env, entry_point, args), extra_mpi_args)
+    return LaunchPlan(name, env.current_host, "master", Command(argv, user_env, env.code_dir),
+                      settings=settings,
+                      notes=("%d processes on %s" % (settings.total, ", ".join(settings.hosts)),))
+
+
+def run(launch, supervisor, env):
+    job = MpiJob(env, supervisor, launch.settings, launch.user_env)
+    try:
+        if launch.role == "master":
+            return job.run_master(launch.command)
+        return job.run_worker()
+    finally:
+        job.cleanup()
+
+
+class MpiJob:
+    """One host's part of an MPI job."""
+
+    def __init__(self, env, supervisor, settings, user_env):
+        self.env = env
+        self.supervisor = supervisor
+        self.settings = settings
+        self.deadline = time.monotonic() + ssh.deadline_seconds(os.environ)
+        self.sshd_pid = None
+        self.control = None
+        self._kill_timer = None
+        os.makedirs(ranks_dir(env), exist_ok=True)
+        self._write_rank_env(user_env)
+
+    def _write_rank_env(self, overrides):
+        """The environment of this host's ranks, readable by root only: it
+        may hold credentials, which therefore never cross the network."""
+        full = dict(os.environ)
+        full.update(overrides)
+        is_master = self.env.current_host == self.settings.master
+        spec = {"env": full, "cwd": self.env.code_dir, "host": self.env.current_host,
+                "master": "127.0.0.1" if is_master else self.settings.master,
+                "control_port": self.settings.control_port,
+                "ranks_dir": ranks_dir(self.env),
+                "grace_seconds": self.supervisor.grace_seconds}
+        path = env_file(self.env)
+        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(spec, f)
+        os.replace(path + ".tmp", path)
+
+    # -- master --------------------------------------------------------------
+    def run_master(self, command):
+        if not shutil.which("mpirun"):
+            raise MissingProgramError("mpirun is not installed (install OpenMPI, e.g. the "
+                                      "openmpi-bin package)")
+        workers = [h for h in self.settings.hosts if h != self.settings.master]
+        self.control = control.MasterControl(self.settings.control_port, workers)
+        if workers:
+            self._wait_for_workers(workers)
+        else:
+            with open(known_hosts_file(self.env), "w"):
+                pass
+        self.supervisor.on_terminate = self._stop_everywhere
+        outcome = self.supervisor.run(command.argv, env=command.full_env(), cwd=command.cwd,
+                                      relay_stdout=True, transform=self._tag)
+        return self._verdict(outcome)
+
+    def _wait_for_workers(self, workers):
+        errors = []
+
+        def check_ssh():
+            try:
+                ssh.wait_for_ssh(workers, self.deadline, known_hosts_file(self.env))
+            except ClusterError as e:
+                errors.append(e)
+
+        checker = threading.Thread(target=check_ssh, daemon=True)
+        checker.start()
+        missing = self.control.wait_for_workers(self.deadline)
+        checker.join()
+        if errors:
+            raise errors[0]
+        if missing:
+            raise ClusterError("workers did not report to the master before the deadline: %s "
+                               "(is `train` running there?)" % ", ".join(missing))
+
+    def _tag(self, block):
+        hosts = self.control.rank_hosts
+
+        def name(match):
+            rank = int(match.group(1))
+            host = hosts.get(rank) or self.settings.rank_host(rank)
+            return b"[%s,%d]<%s>:" % (host.encode(), rank, match.group(2))
+
+        return _TAG.sub(name, block)
+
+    def _stop_everywhere(self, sig):
+        """SIGTERM the ranks on every host (not mpirun, which would kill them
+        at once); each host SIGKILLs its own ranks after the grace period."""
+        self.control.broadcast({"type": "terminate", "signal": int(sig)})
+        self._stop_local_ranks(sig, self.supervisor.grace_seconds)
+
+    def _verdict(self, outcome):
+        failure = None
+        if outcome.exit_code != 0:
+            failure = self.control.first_failure(wait_s=1.0)
+        message = {"type": "verdict", "exit_code": outcome.exit_code}
+        tail = outcome.stderr_tail
+        if failure:
+            rank, host, code = failure
+            tail = rank_lines(tail, rank) or tail
+            message.update(exit_code=code, rank=rank, host=host,
+                           stderr_tail=tail.decode("utf-8", "replace"))
+            outcome = Outcome(code, tail, outcome.terminated_by_us)
+            outcome.where = "rank %d on %s" % (rank, host)
+        elif outcome.exit_code != 0:
+            message["stderr_tail"] = tail.decode("utf-8", "replace")
+        self.control.broadcast(message)
+        return outcome
+
+    # -- worker --------------------------------------------------------------
+    def run_worker(self):
+        self.sshd_pid = ssh.start_sshd(self.supervisor,
+                                       os.path.join(self.env.paths.toolkit_dir, "sshd.log"))
+        master = self.settings.master
+        log.info("worker %s: waiting for the master %s" % (self.env.current_host, master))
+        link = control.WorkerLink.connect(master, self.settings.control_port,
+                                          self.env.current_host, self.deadline)
+        if link is None:
+            raise ClusterError("could not reach the master %s on port %d before the deadline: %s"
+                               % (master, self.settings.control_port,
+                                  control.WorkerLink.last_error))
+        self.supervisor.on_terminate = lambda sig: self._stop_local_ranks(
+            sig, self.supervisor.grace_seconds)
+        try:
+            while True:
+                msg = link.receive()
+                if msg is None:
+                    self._stop_local_ranks(signal.SIGTERM, LOST_MASTER_GRACE_S)
+                    self._wait_local_ranks(LOST_MASTER_GRACE_S + 1)
+                    raise ClusterError("lost the master host %s: its train ended without a "
+                                       "verdict (the host died or was stopped)" % master)
+                if msg.get("type") == "terminate":
+                    self._stop_local_ranks(msg.get("signal", signal.SIGTERM),
+                                           self.supervisor.grace_seconds)
+                elif msg.get("type") == "verdict":
+                    break
+        finally:
+            link.close()
+        self._wait_local_ranks(2.0)
+        code = int(msg["exit_code"])
+        tail = (msg.get("stderr_tail") or "").encode()
+        outcome = Outcome(code, tail, self.supervisor.terminating)
+        if "rank" in msg:
+            outcome.where = "rank %d on %s" % (msg["rank"], msg["host"])
+        return outcome
+
+    # -- local ranks (any host) ------------------------------------------------
+    def _local_rank_pids(self):
+        pids = []
+        try:
+            names = os.listdir(ranks_dir(self.env))
+        except OSError:
+            return pids
+        for name in names:
+            try:
+                with open(os.path.join(ranks_dir(self.env), name)) as f:
+                    pids.extend(int(p) for p in f.read().split())
+            except (OSError, ValueError):
+                continue
+        return pids
+
+    def _signal_local_ranks(self, sig):
+        for pid in self._local_rank_pids():
+            proctree.kill_tree(pid, sig)
+
+    def _stop_local_ranks(self, sig, grace):
+        self._signal_local_ranks(sig)
+        if self._kill_timer is None:
+            self._kill_timer = threading.Timer(grace, self._signal_local_ranks,
+                                               args=(signal.SIGKILL,))
+            self._kill_timer.daemon = True
+            self._kill_timer.start()
+
+    def _wait_local_ranks(self, timeout):
+        deadline = time.monotonic() + timeout
+        delay = 0.005
+        while self._alive_local_ranks() and time.monotonic() < deadline:
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+    def _alive_local_ranks(self):
+        alive = []
+        for pid in self._local_rank_pids():
+            try:
+                os.kill(pid, 0)
+                alive.append(pid)
+            except OSError:
+                pass
+        return alive
+
+    def cleanup(self):
+        """No rank, orted session or sshd of this job outlives `train`."""
+        if self._alive_local_ranks():
+            self._signal_local_ranks(signal.SIGKILL)
+        if self._kill_timer is not None:
+            self._kill_timer.cancel()
+        if self.control is not None:
+            self.control.close()
+        if self.sshd_pid is not None:
+            proctree.kill_tree(self.sshd_pid, signal.SIGTERM)
+            self.supervisor.services.discard(self.sshd_pid)
+            try:
+                os.waitpid(self.sshd_pid, 0)
+            except ChildProcessError:
+                pass
+        self.supervisor.on_terminate = None
+
+
+def rank_lines(tail, rank):
+    """The lines of `rank` in a tagged tail."""
+    pattern = re.compile(rb"^\[[^,\]]+,%d\]<std(?:out|err)>:.*$" % rank, re.M)
+    return b"\n".join(m.group(0) for m in pattern.finditer(tail))
+
