@@ -9,7 +9,10 @@ import textwrap
 
 from training_toolkit.jobtree import write_job_tree
 
-TRAIN = shutil.which("train") or "train"
+# The console script next to this interpreter (not a pyenv shim).
+TRAIN = os.path.join(os.path.dirname(sys.executable), "train")
+if not os.path.exists(TRAIN):
+    TRAIN = shutil.which("train") or "train"
 
 
 class Job:

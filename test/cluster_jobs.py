@@ -1,0 +1,132 @@
+"""Multi-host jobs on a simulated cluster: one job tree per host, `train`
+started in every host, results gathered with timings."""
+import os
+import signal
+import subprocess
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from jobs import TRAIN
+from training_toolkit.jobtree import write_job_tree
+from training_toolkit.simcluster import SimCluster, SimClusterUnavailable, check_supported
+
+
+def require_cluster():
+    try:
+        check_supported()
+    except SimClusterUnavailable as e:
+        pytest.skip("simulated cluster unavailable: %s" % e)
+
+
+class HostRun:
+    def __init__(self, host, proc):
+        self.host = host
+        self.proc = proc
+        self.ended = None
+        self.out = b""
+        self.err = b""
+
+
+class ClusterJob:
+    """N hosts, each with a job tree under `root/<host>` (mounted at /opt/ml
+    inside the host) and the user's code in `root/src`."""
+
+    def __init__(self, root, n, files, entry_point="train.py", hyperparameters=None):
+        self.root = str(root)
+        self.src = os.path.join(self.root, "src")
+        os.makedirs(self.src, exist_ok=True)
+        for name, text in files.items():
+            with open(os.path.join(self.src, name), "w") as f:
+                f.write(textwrap.dedent(text))
+        self.hosts = ["algo-%d" % (i + 1) for i in range(n)]
+        self.roots = {h: os.path.join(self.root, h) for h in self.hosts}
+        for host, base in self.roots.items():
+            write_job_tree(base, entry_point, self.src, hyperparameters=hyperparameters,
+                           hosts=self.hosts, current_host=host, network_interface_name="eth0")
+        self.cluster = SimCluster(n, [self.roots[h] for h in self.hosts],
+                                  shared_paths=[self.root])
+        self.runs = {}
+
+    def __enter__(self):
+        self.cluster.start()
+        return self
+
+    def __exit__(self, *exc):
+        for run in self.runs.values():
+            if run.proc.poll() is None:
+                run.proc.kill()
+                run.proc.wait()
+        self.cluster.close()
+
+    def env(self, **extra):
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("SAGEMAKER_BASE_DIR", "TMPDIR") and not k.startswith("PYTEST")}
+        env.setdefault("TRAINING_TOOLKIT_SSH_DEADLINE_S", "60")
+        env.update({k: str(v) for k, v in extra.items()})
+        return env
+
+    def start(self, hosts=None, **extra_env):
+        for host in hosts or self.hosts:
+            proc = self.cluster.popen(host, [TRAIN], env=self.env(**extra_env),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            self.runs[host] = HostRun(host, proc)
+        return self
+
+    def wait(self, timeout=120, hosts=None):
+        """Wait for every started host; records each host's end time."""
+        import threading
+
+        def collect(run):
+            run.out, run.err = run.proc.communicate(timeout=timeout)
+            run.ended = time.monotonic()
+
+        threads = [threading.Thread(target=collect, args=(r,))
+                   for h, r in self.runs.items() if hosts is None or h in hosts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return self
+
+    def codes(self):
+        return {h: r.proc.returncode for h, r in self.runs.items()}
+
+    def path(self, host, *parts):
+        return os.path.join(self.roots[host], *parts)
+
+    def read(self, host, *parts):
+        with open(self.path(host, *parts)) as f:
+            return f.read()
+
+    def exists(self, host, *parts):
+        return os.path.exists(self.path(host, *parts))
+
+    def wait_for_file(self, host, *parts, timeout=60):
+        deadline = time.monotonic() + timeout
+        while not self.exists(host, *parts):
+            assert time.monotonic() < deadline, "timed out waiting for %s" % (parts,)
+            time.sleep(0.02)
+
+    def job_processes(self):
+        """Processes still alive in any host of the cluster (by network namespace)."""
+        inodes = set()
+        for host in self.hosts:
+            inodes.add(os.stat("/run/netns/%s" % self.cluster.netns(host)).st_ino)
+        holders = {self.cluster.holder_pid(h) for h in self.hosts}
+        holders |= {psutil.Process(pid).ppid() for pid in holders}  # their `unshare`
+        found = []
+        for p in psutil.process_iter(["pid", "cmdline", "status"]):
+            if p.info["pid"] in holders or p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            try:
+                if os.stat("/proc/%d/ns/net" % p.info["pid"]).st_ino in inodes:
+                    found.append((p.info["pid"], " ".join(p.info["cmdline"] or [])))
+            except OSError:
+                continue
+        return found
+
+    def signal(self, host, sig=signal.SIGTERM):
+        self.runs[host].proc.send_signal(sig)
