@@ -34,9 +34,11 @@ def cmd_local(args):
         if not os.path.isdir(path):
             raise UsageError("--channel %s=%s: not a directory" % (name, path))
     job_dir = os.path.abspath(args.job_dir) if args.job_dir else tempfile.mkdtemp(prefix="tt-job-")
+    hps = _pairs(args.hp, "--hp")
+    if args.hosts > 1:
+        return _local_cluster(args.hosts, job_dir, entry, code_dir, channels, hps)
     reset_run_state(job_dir)
-    paths = write_job_tree(job_dir, entry, code_dir, channels=channels,
-                           raw_hyperparameters=_pairs(args.hp, "--hp"))
+    paths = write_job_tree(job_dir, entry, code_dir, channels=channels, raw_hyperparameters=hps)
     env = dict(os.environ)
     env[params.BASE_DIR_ENV] = job_dir
     print("[training-toolkit] job tree: %s" % job_dir, file=sys.stderr, flush=True)
@@ -45,6 +47,33 @@ def cmd_local(args):
     print("[training-toolkit] job %s\n  model:  %s\n  output: %s"
           % (verdict, paths.model_dir, paths.output_dir), file=sys.stderr, flush=True)
     return code
+
+
+def _local_cluster(n, job_dir, entry, code_dir, channels, hps):
+    """Rehearse a multi-host job: N simulated hosts (Linux namespaces, root),
+    each running `train` on its own job tree mounted at /opt/ml."""
+    from .jobtree import reset_run_state, write_job_tree
+    from .simcluster import SimCluster
+
+    hosts = ["algo-%d" % (i + 1) for i in range(n)]
+    roots = [os.path.join(job_dir, h) for h in hosts]
+    for host, root in zip(hosts, roots):
+        reset_run_state(root)
+        write_job_tree(root, entry, code_dir, channels=channels, raw_hyperparameters=hps,
+                       hosts=hosts, current_host=host, network_interface_name="eth0")
+    shared = [job_dir, code_dir] + [os.path.abspath(p) for p in channels.values()]
+    env = {k: v for k, v in os.environ.items() if k not in (params.BASE_DIR_ENV, "TMPDIR")}
+    train = os.path.join(os.path.dirname(sys.executable), "train")
+    print("[training-toolkit] %d simulated hosts, job trees under %s" % (n, job_dir),
+          file=sys.stderr, flush=True)
+    with SimCluster(n, roots, shared_paths=shared) as cluster:
+        procs = [cluster.popen(h, [train], env=env) for h in hosts]
+        codes = [p.wait() for p in procs]
+    for host, root, code in zip(hosts, roots, codes):
+        print("[training-toolkit] %s: %s\n  model:  %s/model\n  output: %s/output"
+              % (host, "succeeded" if code == 0 else "failed with exit code %d" % code,
+                 root, root), file=sys.stderr, flush=True)
+    return next((c for c in codes if c != 0), 0)
 
 
 def _environment(args):
@@ -98,6 +127,8 @@ def parser():
     local.add_argument("--hp", action="append", metavar="KEY=VALUE", help="hyperparameter")
     local.add_argument("--channel", action="append", metavar="NAME=DIR", help="input channel")
     local.add_argument("--job-dir", help="job tree to use (default: a new temp dir)")
+    local.add_argument("--hosts", type=int, default=1, metavar="N",
+                       help="rehearse on N simulated hosts (Linux, root; one job tree each)")
     local.set_defaults(func=cmd_local)
 
     for name, func, text in (("plan", cmd_plan, "print what `train` would run, without running"),
