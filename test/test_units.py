@@ -1,0 +1,173 @@
+"""Unit tests of the pure parts: hyperparameter mapping, the environment,
+runner selection and launch plans, failure reports."""
+import json
+import os
+import sys
+
+import pytest
+from hypothesis import given, strategies as st
+
+from training_toolkit import params
+from training_toolkit.environment import Environment
+from training_toolkit.errors import ConfigError, ExecuteUserScriptError
+from training_toolkit.paths import JobPaths
+from training_toolkit.report import failure_text, root_cause
+from training_toolkit.runners import RunnerType, select
+from training_toolkit.runners import mpi
+from training_toolkit.runners.plan import (COMMAND, PYTHON_PACKAGE, PYTHON_PROGRAM, entry_kind,
+                                           program_argv)
+
+RC = {"current_host": "algo-1", "hosts": ["algo-1", "algo-2"]}
+
+
+def make_env(hps=None, rc=None, environ=None, base="/job"):
+    encoded = {k: json.dumps(v) for k, v in (hps or {}).items()}
+    return Environment(rc or RC, {"train": {}}, encoded, paths=JobPaths(base),
+                       environ=environ or {})
+
+
+def test_decode_keeps_raw_strings():
+    assert params.decode_value('"a"') == "a"
+    assert params.decode_value("3") == 3
+    assert params.decode_value("true") is True
+    assert params.decode_value("not json") == "not json"
+    assert params.decode_value(5) == 5
+
+
+def test_cmd_args_format():
+    assert params.to_cmd_args({"b": True, "lr": 0.1, "name": "x y", "l": [1, 2], "d": {"k": 1},
+                               "n": None}) == [
+        "-b", "true", "-d", '{"k":1}', "-l", "[1,2]", "--lr", "0.1", "-n", "null",
+        "--name", "x y"]
+
+
+@given(st.dictionaries(st.text(min_size=1).filter(lambda k: not k.startswith("-")),
+                       st.one_of(st.text(), st.integers(), st.booleans(), st.floats(
+                           allow_nan=False, allow_infinity=False))))
+def test_cmd_args_pairs_round_trip(hps):
+    args = params.to_cmd_args(hps)
+    assert len(args) == 2 * len(hps)
+    for flag, value in zip(args[::2], args[1::2]):
+        key = flag.lstrip("-")
+        assert flag == ("-" if len(key) == 1 else "--") + key
+        original = hps[key]
+        assert value == (original if isinstance(original, str) else json.dumps(original))
+
+
+def test_env_value_format():
+    assert params.format_env_value(None) == ""
+    assert params.format_env_value("a b") == "a b"
+    assert params.format_env_value(True) == "true"
+    assert params.format_env_value({"b": 1, "a": [1]}) == '{"a":[1],"b":1}'
+
+
+def test_reserved_and_framework_params_are_split():
+    env = make_env({"sagemaker_program": "t.py", "sagemaker_mpi_enabled": True, "lr": 1,
+                    "_tuning_objective_metric": "m", "sagemaker_region": "eu-west-1"})
+    assert env.hyperparameters == {"lr": 1}
+    assert env.additional_framework_parameters == {"sagemaker_mpi_enabled": True}
+    assert env.user_entry_point == "t.py"
+    assert env.region == "eu-west-1"
+
+
+def test_env_overrides_win():
+    env = make_env({"sagemaker_program": "a.py", "sagemaker_submit_directory": "s3://b/k"},
+                   environ={"SAGEMAKER_PROGRAM": "b.py", "SAGEMAKER_SUBMIT_DIRECTORY": "/x"})
+    assert env.user_entry_point == "b.py" and env.module_name == "b"
+    assert env.module_dir == "/x"
+
+
+def test_distribution_group_defaults_to_current_group_when_switched_on():
+    assert make_env().distribution_instance_groups == []
+    env = make_env({"sagemaker_mpi_enabled": True})
+    assert env.distribution_instance_groups == ["homogeneousCluster"]
+    assert select(env) is RunnerType.MPI
+
+
+def test_hetero_master_and_selection():
+    rc = {"current_host": "algo-1", "hosts": ["algo-1", "algo-2", "algo-3"],
+          "current_group_name": "cpu",
+          "instance_groups": [{"instance_group_name": "cpu", "hosts": ["algo-1"]},
+                              {"instance_group_name": "gpu", "hosts": ["algo-3", "algo-2"]}]}
+    env = make_env({"sagemaker_mpi_enabled": True,
+                    "sagemaker_distribution_instance_groups": ["gpu"]}, rc=rc)
+    assert env.master_hostname == "algo-2"
+    assert env.distribution_hosts == ["algo-2", "algo-3"]
+    assert not env.is_master
+    # algo-1 is not in a distribution group: it runs the plain process runner.
+    assert select(env) is RunnerType.Process
+
+
+@pytest.mark.parametrize("rc,field", [
+    ({"hosts": ["a"], "current_host": "b"}, "current_host"),
+    ({"hosts": [], "current_host": "a"}, "hosts"),
+    ({"hosts": "a", "current_host": "a"}, "hosts"),
+    ({"hosts": ["a"], "current_host": "a", "instance_groups": [{"x": 1}]}, "instance_groups[0]"),
+])
+def test_bad_resource_config_names_the_field(rc, field):
+    with pytest.raises(ConfigError) as e:
+        make_env(rc=rc)
+    assert e.value.field == field
+    assert "resourceconfig.json" in str(e.value)
+    assert e.value.exit_code == 78
+
+
+def test_env_vars_table():
+    env = make_env({"learning-rate": 0.1})
+    out = env.to_env_vars()
+    assert out["SM_HP_LEARNING-RATE"] == out["SM_HP_LEARNING_RATE"] == "0.1"
+    assert out["SM_CHANNEL_TRAIN"] == "/job/input/data/train"
+    assert json.loads(out["SM_TRAINING_ENV"])["hosts"] == ["algo-1", "algo-2"]
+    assert env.to_cmd_args() == ["--learning-rate", "0.1"]
+    with pytest.raises(AttributeError):
+        env.hosts = []
+
+
+def test_entry_kinds(tmp_path):
+    code = str(tmp_path)
+    assert entry_kind(code, "run.sh") == COMMAND
+    assert entry_kind(code, "train.py") == PYTHON_PROGRAM
+    assert entry_kind(code, "bin/tool") == COMMAND
+    (tmp_path / "setup.py").write_text("")
+    assert entry_kind(code, "train.py") == PYTHON_PACKAGE
+    assert program_argv(code, "train.py", ["-x", "1"], python="py") == ["py", "-m", "train",
+                                                                         "-x", "1"]
+    assert program_argv(code, "run.sh", ["a"], python="py") == [os.path.join(code, "run.sh"),
+                                                                 "a"]
+
+
+def test_mpi_plan_master_and_worker():
+    hps = {"sagemaker_mpi_enabled": True, "sagemaker_mpi_num_of_processes_per_host": 3,
+           "sagemaker_mpi_custom_mpi_options": "--verbose -x A='b c'"}
+    master = mpi.plan(make_env(hps), "t.sh", ["--n", "1"])
+    argv = list(master.command.argv)
+    assert master.role == "master"
+    assert argv[:5] == ["mpirun", "--host", "algo-1:3,algo-2:3", "-np", "6"]
+    for option in ("--tag-output", "--allow-run-as-root", "btl_tcp_if_include",
+                   "orte_abort_on_non_zero_status", "plm_rsh_no_tree_spawn"):
+        assert option in argv
+    i = argv.index("--verbose")
+    assert argv[i:i + 3] == ["--verbose", "-x", "A=b c"]
+    assert argv[-3:] == ["/job/code/t.sh", "--n", "1"]
+    assert not any(a.startswith("AWS_") for a in argv)
+    worker = mpi.plan(make_env(hps, rc=dict(RC, current_host="algo-2")), "t.sh", [])
+    assert worker.role == "worker" and worker.command is None
+    assert worker.user_env["SM_CURRENT_HOST"] == "algo-2"
+
+
+def test_mpi_total_override_and_bad_count():
+    env = make_env({"sagemaker_mpi_enabled": True, "sagemaker_mpi_num_processes": 3})
+    assert mpi.MpiSettings(env, {}).total == 3
+    with pytest.raises(ConfigError) as e:
+        mpi.MpiSettings(make_env({"sagemaker_mpi_num_of_processes_per_host": "many"}), {})
+    assert e.value.field == params.MPI_PROCESSES_PER_HOST
+
+
+def test_failure_text_headline_fits():
+    tail = ("noise\n" * 20000 + "Traceback...\nValueError: real cause\n").encode()
+    err = ExecuteUserScriptError(["train.py"], 1, tail)
+    text = failure_text(err)
+    assert "ValueError: real cause" in text[:1024]
+    assert text.startswith("ExecuteUserScriptError: exit code 1: train.py")
+    assert root_cause(err).endswith("ValueError: real cause")
+    assert sys.getsizeof(text) < 200_000
