@@ -50,6 +50,13 @@ class MasterControl:
         self.rank_hosts = {}     # rank -> host
         self.rank_pids = {}      # rank -> pid on its host
         self.exits = []          # (monotonic time, rank, host, exit code)
+        self.tails = {}          # rank -> end of its stderr, as reported
+        self.host_failures = {}  # worker host -> exit code of its local launcher
+        # Called (from a control thread) with (rank, host, code) the first
+        # time a rank or a worker's launcher fails: the fail-fast hook.
+        self.on_failure = None
+        self._failed = False
+        self.decided = False     # the verdict went out; later losses are goodbyes
         self._cond = threading.Condition()
         self._server = socket.create_server(("", port), reuse_port=False, backlog=128)
         self._closed = False
@@ -75,9 +82,16 @@ class MasterControl:
                 self._handle(msg, conn)
         except OSError:
             pass
+        # A worker whose link closes before the verdict has lost its `train`.
+        with self._cond:
+            lost = [h for h, c in self.links.items() if c is conn]
+        if lost and not self._closed and not self.decided:
+            self._handle({"type": "host_failed", "host": lost[0], "exit_code": 79,
+                          "lost": True}, conn)
 
     def _handle(self, msg, conn):
         kind = msg.get("type")
+        failure = None
         with self._cond:
             if kind == "hello" and msg.get("host") in self.workers:
                 self.links[msg["host"]] = conn
@@ -85,9 +99,36 @@ class MasterControl:
                 self.rank_hosts[int(msg["rank"])] = msg["host"]
                 self.rank_pids[int(msg["rank"])] = msg.get("pid")
             elif kind == "rank_exit":
-                self.exits.append((time.monotonic(), int(msg["rank"]), msg["host"],
-                                   int(msg["exit_code"])))
+                code = int(msg["exit_code"])
+                self.exits.append((time.monotonic(), int(msg["rank"]), msg["host"], code))
+                self.tails[int(msg["rank"])] = msg.get("stderr_tail") or ""
+                if code != 0:
+                    failure = (int(msg["rank"]), msg["host"], code)
+            elif kind == "host_failed":
+                self.host_failures[msg["host"]] = int(msg["exit_code"])
+                failure = (None, msg["host"], int(msg["exit_code"]))
             self._cond.notify_all()
+            if failure and not self._failed and self.on_failure is not None:
+                self._failed = True
+            else:
+                failure = None
+        if failure:
+            self.on_failure(*failure)
+
+    def exited_ranks(self):
+        with self._cond:
+            return {rank for _, rank, _, _ in self.exits}
+
+    def wait_for_exits(self, count, deadline):
+        """Wait until `count` ranks reported their exit (or a failure)."""
+        with self._cond:
+            while len({e[1] for e in self.exits}) < count and not any(
+                    e[3] for e in self.exits):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.5))
+            return True
 
     def wait_for_workers(self, deadline):
         """Wait until every worker said hello; returns the hosts still missing."""
@@ -100,8 +141,9 @@ class MasterControl:
                 self._cond.wait(min(left, 0.5))
 
     def first_failure(self, wait_s=1.0):
-        """(rank, host, exit code) of the first rank that exited non-zero;
-        waits up to `wait_s` for a report still on its way."""
+        """(rank, host, exit code) of the first rank that exited non-zero,
+        else (None, host, code) of a worker whose launcher failed or whose
+        `train` was lost; waits up to `wait_s` for a report on its way."""
         deadline = time.monotonic() + wait_s
         with self._cond:
             while True:
@@ -111,8 +153,11 @@ class MasterControl:
                     return rank, host, code
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return None
+                    break
                 self._cond.wait(left)
+            for host, code in sorted(self.host_failures.items()):
+                return None, host, code
+            return None
 
     def broadcast(self, message):
         data = _encode(message)
@@ -167,6 +212,12 @@ class WorkerLink:
                 return None
             time.sleep(delay)
             delay = min(delay * 1.5, 1.0)
+
+    def send(self, message):
+        try:
+            self.sock.sendall(_encode(message))
+        except OSError:
+            pass
 
     def receive(self):
         """The next message from the master, or None when the link is gone."""

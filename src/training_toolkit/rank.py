@@ -1,15 +1,26 @@
-"""Rank wrapper: `python -m training_toolkit.rank --env-file F -- PROGRAM ARGS`.
+"""Rank wrapper: `python -m training_toolkit.rank [--env-file F] [--tag] -- PROGRAM ARGS`.
 
-mpirun starts every rank through this wrapper. It loads the environment that
-its own host's `train` wrote (so each rank sees its own host's SM_* values and
-paths, and nothing crosses the network), reports the rank's start and exit to
-the master's `train`, and runs the program as a supervised child: SIGTERM is
-forwarded with the grace period, and nothing the program started outlives it.
+Launchers (mpirun, torchrun) start every rank through this wrapper. It
+
+* loads the environment its own host's `train` wrote, when given one (MPI:
+  each rank sees its own host's SM_* values and paths, and nothing crosses
+  the network); torchrun ranks inherit it directly;
+* runs the program as a supervised child: SIGTERM is forwarded with the
+  grace period, and nothing the program started outlives it;
+* writes the program's output one whole line per write, with `--tag`
+  prefixed `[<host>,<rank>]<stdout>:` or `[<host>,<rank>]<stderr>:` (under
+  mpirun, --tag-output tags and the master names the host instead);
+* reports the rank's start and its exit code with the end of its stderr to
+  the master's `train`, which decides the job's verdict on every host.
 """
 import json
 import os
 import signal
 import sys
+
+CONTROL_ENV = "TRAINING_TOOLKIT_CONTROL"    # master address:port for reports
+RANKS_DIR_ENV = "TRAINING_TOOLKIT_RANKS_DIR"  # where this host's rank pids go
+REPORTED_TAIL = 8 * 1024
 
 
 def rank_of(environ):
@@ -19,41 +30,68 @@ def rank_of(environ):
     return 0
 
 
+def parse(argv):
+    """-> (env file or None, tag output?, program) ; program None on bad usage."""
+    env_file, tag = None, False
+    while argv and argv[0] != "--":
+        if argv[0] == "--env-file" and len(argv) > 1:
+            env_file, argv = argv[1], argv[2:]
+        elif argv[0] == "--tag":
+            tag, argv = True, argv[1:]
+        else:
+            return None, False, None
+    if len(argv) < 2:
+        return None, False, None
+    return env_file, tag, argv[1:]
+
+
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) < 4 or argv[0] != "--env-file" or argv[2] != "--":
-        print("usage: python -m training_toolkit.rank --env-file F -- PROGRAM [ARGS]",
+    env_file, tag, program = parse(sys.argv[1:] if argv is None else argv)
+    if program is None:
+        print("usage: python -m training_toolkit.rank [--env-file F] [--tag] -- PROGRAM [ARGS]",
               file=sys.stderr)
         return 64
-    with open(argv[1]) as f:
-        spec = json.load(f)
-    program = argv[3:]
     env = dict(os.environ)
-    env.update(spec["env"])
+    cwd = None
+    if env_file:
+        with open(env_file) as f:
+            spec = json.load(f)
+        env.update(spec["env"])
+        cwd = spec.get("cwd")
     rank = rank_of(os.environ)
-    host = spec["host"]
-    master, port = spec["master"], spec["control_port"]
-    pid_file = os.path.join(spec["ranks_dir"], "%d.pid" % rank)
+    host = env.get("SM_CURRENT_HOST", "localhost")
+    address, _, port = env.get(CONTROL_ENV, "").rpartition(":")
 
     from .control import send_once
     from .supervise import Supervisor
 
-    supervisor = Supervisor(float(spec.get("grace_seconds", 110)))
+    def report(message):
+        if address and port:
+            send_once(address, int(port), message)
+
+    grace = float(env.get("SM_TERMINATION_GRACE_SECONDS") or 110)
+    supervisor = Supervisor(grace)
     signal.signal(signal.SIGTERM, lambda s, f: supervisor.terminate())
     signal.signal(signal.SIGINT, lambda s, f: supervisor.terminate())
-    send_once(master, port, {"type": "rank_start", "rank": rank, "host": host,
-                             "pid": os.getpid()})
-    proc = supervisor.start(program, env=env, cwd=spec["cwd"], relay_stdout=True,
-                            line_at_a_time=True)
-    with open(pid_file, "w") as f:
-        f.write("%d %d\n" % (os.getpid(), proc.pid))
+    report({"type": "rank_start", "rank": rank, "host": host, "pid": os.getpid()})
+    tags = {fd: b"[%s,%d]<%s>:" % (host.encode(), rank, name) for fd, name in
+            ((1, b"stdout"), (2, b"stderr"))} if tag else None
+    proc = supervisor.start(program, env=env, cwd=cwd, relay_stdout=True,
+                            line_at_a_time=True, tag=tags)
+    pid_file = None
+    if env.get(RANKS_DIR_ENV):
+        pid_file = os.path.join(env[RANKS_DIR_ENV], "%d.pid" % rank)
+        with open(pid_file, "w") as f:
+            f.write("%d %d\n" % (os.getpid(), proc.pid))
     outcome = supervisor.wait()
-    send_once(master, port, {"type": "rank_exit", "rank": rank, "host": host,
-                             "exit_code": outcome.exit_code})
-    try:
-        os.unlink(pid_file)
-    except OSError:
-        pass
+    tail = outcome.stderr_tail[-REPORTED_TAIL:].decode("utf-8", "replace")
+    report({"type": "rank_exit", "rank": rank, "host": host, "exit_code": outcome.exit_code,
+            "stderr_tail": tail})
+    if pid_file:
+        try:
+            os.unlink(pid_file)
+        except OSError:
+            pass
     return outcome.exit_code
 
 

@@ -49,12 +49,13 @@ class LineRelay(threading.Thread):
     `transform`, if given, rewrites each block of whole lines (the MPI runner
     names the host in each rank's prefix this way)."""
 
-    def __init__(self, fd, out_fd=2, transform=None, line_at_a_time=False):
+    def __init__(self, fd, out_fd=2, transform=None, line_at_a_time=False, tag=b""):
         super().__init__(name="relay-%d" % out_fd, daemon=True)
         self.fd = fd
         self.out_fd = out_fd
         self.transform = transform
-        self.line_at_a_time = line_at_a_time
+        self.line_at_a_time = line_at_a_time or bool(tag)
+        self.tag = tag
         self.tail = bytearray()
 
     def run(self):
@@ -88,7 +89,7 @@ class LineRelay(threading.Thread):
             # A reader that tags what it reads per read (OpenMPI's orted)
             # then sees every line whole.
             for line in block.splitlines(keepends=True):
-                self._write(line)
+                self._write(self.tag + line if self.tag else line)
         else:
             self._write(block)
 
@@ -139,11 +140,12 @@ class Supervisor:
         return self.wait()
 
     def start(self, argv, env=None, cwd=None, relay_stdout=False, relay_stderr=True,
-              transform=None, line_at_a_time=False):
+              transform=None, line_at_a_time=False, tag=None):
         """Start `argv` in its own session. stdout is inherited (no copy at
         all) unless `relay_stdout`; stderr is relayed and its tail kept.
         Relayed output is written in whole lines, optionally rewritten by
-        `transform`, optionally one line per write."""
+        `transform`, optionally one line per write, each prefixed with
+        `tag[fd]` (a rank's host and number)."""
         if self.terminating:
             raise Terminated(signal.SIGTERM)
         # Children we already had (a framework's own helpers, sshd) are not
@@ -159,7 +161,8 @@ class Supervisor:
         for name, pipe, out_fd in (("stdout", self.proc.stdout, 1),
                                    ("stderr", self.proc.stderr, 2)):
             if pipe is not None:
-                relay = LineRelay(os.dup(pipe.fileno()), out_fd, transform, line_at_a_time)
+                relay = LineRelay(os.dup(pipe.fileno()), out_fd, transform, line_at_a_time,
+                                  (tag or {}).get(out_fd, b""))
                 pipe.close()
                 relay.start()
                 self._relays[name] = relay

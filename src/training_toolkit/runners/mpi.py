@@ -20,8 +20,9 @@ import threading
 import time
 
 from .. import control, log, params, proctree, resources, ssh
+from .. import rank as rank_wrapper
 from ..errors import ClusterError, ConfigError, MissingProgramError
-from ..supervise import Outcome
+from .coordination import JobMaster, JobWorker, wait_until
 from .plan import Command, LaunchPlan, PYTHON_PROGRAM, base_env, entry_kind, program_argv
 
 NAME = "mpi"
@@ -32,8 +33,6 @@ MPI_OPTIONS = (
     "-mca", "orte_abort_on_non_zero_status", "1",
     "-mca", "btl_vader_single_copy_mechanism", "none",
 )
-# How long a worker keeps its ranks after losing the master before SIGKILL.
-LOST_MASTER_GRACE_S = 5.0
 _TAG = re.compile(rb"^\[\d+,(\d+)\]<(stdout|stderr)>:", re.M)
 
 
@@ -149,7 +148,7 @@ class MpiJob:
         self.settings = settings
         self.deadline = time.monotonic() + ssh.deadline_seconds(os.environ)
         self.sshd_pid = None
-        self.control = None
+        self.coordinator = None
         self._kill_timer = None
         os.makedirs(ranks_dir(env), exist_ok=True)
         self._write_rank_env(user_env)
@@ -160,11 +159,11 @@ class MpiJob:
         full = dict(os.environ)
         full.update(overrides)
         is_master = self.env.current_host == self.settings.master
-        spec = {"env": full, "cwd": self.env.code_dir, "host": self.env.current_host,
-                "master": "127.0.0.1" if is_master else self.settings.master,
-                "control_port": self.settings.control_port,
-                "ranks_dir": ranks_dir(self.env),
-                "grace_seconds": self.supervisor.grace_seconds}
+        full[rank_wrapper.CONTROL_ENV] = "%s:%d" % ("127.0.0.1" if is_master
+                                                    else self.settings.master,
+                                                    self.settings.control_port)
+        full[rank_wrapper.RANKS_DIR_ENV] = ranks_dir(self.env)
+        spec = {"env": full, "cwd": self.env.code_dir}
         path = env_file(self.env)
         fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -177,16 +176,19 @@ class MpiJob:
             raise MissingProgramError("mpirun is not installed (install OpenMPI, e.g. the "
                                       "openmpi-bin package)")
         workers = [h for h in self.settings.hosts if h != self.settings.master]
-        self.control = control.MasterControl(self.settings.control_port, workers)
+        self.coordinator = master = JobMaster(self.settings.control_port, workers,
+                                              self._stop_local_ranks)
         if workers:
             self._wait_for_workers(workers)
         else:
             with open(known_hosts_file(self.env), "w"):
                 pass
-        self.supervisor.on_terminate = self._stop_everywhere
+        # Stop the ranks on every host, not mpirun, which would kill them at once.
+        self.supervisor.on_terminate = lambda sig: master.stop_everywhere(
+            sig, self.supervisor.grace_seconds)
         outcome = self.supervisor.run(command.argv, env=command.full_env(), cwd=command.cwd,
                                       relay_stdout=True, transform=self._tag)
-        return self._verdict(outcome)
+        return master.verdict(outcome, tail_of=rank_lines)
 
     def _wait_for_workers(self, workers):
         errors = []
@@ -199,16 +201,15 @@ class MpiJob:
 
         checker = threading.Thread(target=check_ssh, daemon=True)
         checker.start()
-        missing = self.control.wait_for_workers(self.deadline)
-        checker.join()
+        try:
+            self.coordinator.wait_for_workers(self.deadline)
+        finally:
+            checker.join()
         if errors:
             raise errors[0]
-        if missing:
-            raise ClusterError("workers did not report to the master before the deadline: %s "
-                               "(is `train` running there?)" % ", ".join(missing))
 
     def _tag(self, block):
-        hosts = self.control.rank_hosts
+        hosts = self.coordinator.control.rank_hosts
 
         def name(match):
             rank = int(match.group(1))
@@ -217,66 +218,21 @@ class MpiJob:
 
         return _TAG.sub(name, block)
 
-    def _stop_everywhere(self, sig):
-        """SIGTERM the ranks on every host (not mpirun, which would kill them
-        at once); each host SIGKILLs its own ranks after the grace period."""
-        self.control.broadcast({"type": "terminate", "signal": int(sig)})
-        self._stop_local_ranks(sig, self.supervisor.grace_seconds)
-
-    def _verdict(self, outcome):
-        failure = None
-        if outcome.exit_code != 0:
-            failure = self.control.first_failure(wait_s=1.0)
-        message = {"type": "verdict", "exit_code": outcome.exit_code}
-        tail = outcome.stderr_tail
-        if failure:
-            rank, host, code = failure
-            tail = rank_lines(tail, rank) or tail
-            message.update(exit_code=code, rank=rank, host=host,
-                           stderr_tail=tail.decode("utf-8", "replace"))
-            outcome = Outcome(code, tail, outcome.terminated_by_us)
-            outcome.where = "rank %d on %s" % (rank, host)
-        elif outcome.exit_code != 0:
-            message["stderr_tail"] = tail.decode("utf-8", "replace")
-        self.control.broadcast(message)
-        return outcome
-
     # -- worker --------------------------------------------------------------
     def run_worker(self):
         self.sshd_pid = ssh.start_sshd(self.supervisor,
                                        os.path.join(self.env.paths.toolkit_dir, "sshd.log"))
-        master = self.settings.master
-        log.info("worker %s: waiting for the master %s" % (self.env.current_host, master))
-        link = control.WorkerLink.connect(master, self.settings.control_port,
-                                          self.env.current_host, self.deadline)
-        if link is None:
-            raise ClusterError("could not reach the master %s on port %d before the deadline: %s"
-                               % (master, self.settings.control_port,
-                                  control.WorkerLink.last_error))
+        log.info("worker %s: waiting for the master %s"
+                 % (self.env.current_host, self.settings.master))
+        self.coordinator = worker = JobWorker(
+            self.settings.master, self.settings.control_port, self.env.current_host,
+            self.deadline, self._stop_local_ranks, self.supervisor.grace_seconds)
         self.supervisor.on_terminate = lambda sig: self._stop_local_ranks(
             sig, self.supervisor.grace_seconds)
         try:
-            while True:
-                msg = link.receive()
-                if msg is None:
-                    self._stop_local_ranks(signal.SIGTERM, LOST_MASTER_GRACE_S)
-                    self._wait_local_ranks(LOST_MASTER_GRACE_S + 1)
-                    raise ClusterError("lost the master host %s: its train ended without a "
-                                       "verdict (the host died or was stopped)" % master)
-                if msg.get("type") == "terminate":
-                    self._stop_local_ranks(msg.get("signal", signal.SIGTERM),
-                                           self.supervisor.grace_seconds)
-                elif msg.get("type") == "verdict":
-                    break
+            return worker.outcome(self.supervisor.terminating)
         finally:
-            link.close()
-        self._wait_local_ranks(2.0)
-        code = int(msg["exit_code"])
-        tail = (msg.get("stderr_tail") or "").encode()
-        outcome = Outcome(code, tail, self.supervisor.terminating)
-        if "rank" in msg:
-            outcome.where = "rank %d on %s" % (msg["rank"], msg["host"])
-        return outcome
+            wait_until(lambda: not self._alive_local_ranks(), 2.0)
 
     # -- local ranks (any host) ------------------------------------------------
     def _local_rank_pids(self):
@@ -305,13 +261,6 @@ class MpiJob:
             self._kill_timer.daemon = True
             self._kill_timer.start()
 
-    def _wait_local_ranks(self, timeout):
-        deadline = time.monotonic() + timeout
-        delay = 0.005
-        while self._alive_local_ranks() and time.monotonic() < deadline:
-            time.sleep(delay)
-            delay = min(delay * 2, 0.1)
-
     def _alive_local_ranks(self):
         alive = []
         for pid in self._local_rank_pids():
@@ -328,8 +277,8 @@ class MpiJob:
             self._signal_local_ranks(signal.SIGKILL)
         if self._kill_timer is not None:
             self._kill_timer.cancel()
-        if self.control is not None:
-            self.control.close()
+        if isinstance(self.coordinator, JobMaster):
+            self.coordinator.close()
         if self.sshd_pid is not None:
             proctree.kill_tree(self.sshd_pid, signal.SIGTERM)
             self.supervisor.services.discard(self.sshd_pid)
@@ -341,7 +290,9 @@ class MpiJob:
 
 
 def rank_lines(tail, rank):
-    """The lines of `rank` in a tagged tail."""
+    """The lines of `rank` in a tagged tail (when its own report is missing)."""
+    if rank is None:
+        return None
     pattern = re.compile(rb"^\[[^,\]]+,%d\]<std(?:out|err)>:.*$" % rank, re.M)
-    return b"\n".join(m.group(0) for m in pattern.finditer(tail))
+    return b"\n".join(m.group(0) for m in pattern.finditer(tail)).decode("utf-8", "replace")
 

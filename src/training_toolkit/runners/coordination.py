@@ -1,0 +1,150 @@
+"""Verdicts for multi-host jobs: the master's `train` learns how every rank
+ended and tells every worker's `train`, so that all hosts end together with
+the same exit code and a failure report naming the failing rank and host.
+
+Both the MPI and the torchrun runner build on this; each supplies
+`stop_local(sig, grace)`, which stops the job's processes on its own host.
+"""
+import signal
+import threading
+import time
+
+from .. import control
+from ..errors import ClusterError
+from ..supervise import Outcome
+
+# After a rank failed somewhere, the others get this long after SIGTERM.
+ABORT_GRACE_S = 3.0
+# A worker that lost its master gives its ranks this long after SIGTERM.
+LOST_MASTER_GRACE_S = 5.0
+
+
+def outcome_from(message, terminated):
+    """The Outcome a verdict message describes."""
+    outcome = Outcome(int(message["exit_code"]), (message.get("stderr_tail") or "").encode(),
+                      terminated or bool(message.get("stopped")))
+    if message.get("host"):
+        outcome.where = ("rank %d on %s" % (message["rank"], message["host"])
+                         if message.get("rank") is not None else "host %s" % message["host"])
+    return outcome
+
+
+class JobMaster:
+    """The master host's side."""
+
+    def __init__(self, port, workers, stop_local):
+        self.workers = list(workers)
+        self.stop_local = stop_local
+        self.control = control.MasterControl(port, self.workers)
+
+    def wait_for_workers(self, deadline):
+        missing = self.control.wait_for_workers(deadline)
+        if missing:
+            raise ClusterError("workers did not report to the master before the deadline: %s "
+                               "(is `train` running there?)" % ", ".join(missing))
+
+    def fail_fast(self):
+        """On the first failing rank anywhere, stop the job on every host."""
+        def on_failure(rank, host, code):
+            self.control.broadcast({"type": "abort", "rank": rank, "host": host,
+                                    "exit_code": code})
+            self.stop_local(signal.SIGTERM, ABORT_GRACE_S)
+
+        self.control.on_failure = on_failure
+
+    def stop_everywhere(self, sig, grace):
+        """SIGTERM (or `sig`) to the job's processes on every host; each host
+        SIGKILLs what is left of its own after `grace`."""
+        self.control.broadcast({"type": "terminate", "signal": int(sig), "grace": grace})
+        self.stop_local(sig, grace)
+
+    def verdict(self, local, expected_ranks=0, tail_of=None):
+        """Decide from the local launcher's Outcome and the ranks' reports,
+        tell every worker, return the Outcome for this host."""
+        if local.exit_code == 0 and expected_ranks:
+            self.control.wait_for_exits(expected_ranks, float("inf"))
+        failure = self.control.first_failure(wait_s=1.0 if local.exit_code else 0.0)
+        # "stopped": the job was stopped by SIGTERM, a failure even if every
+        # rank exited 0 after saving its state.
+        message = {"type": "verdict", "exit_code": local.exit_code,
+                   "stopped": local.terminated_by_us}
+        if failure:
+            rank, host, code = failure
+            tail = self.control.tails.get(rank) if rank is not None else None
+            if not tail and tail_of is not None:
+                tail = tail_of(local.stderr_tail, rank)
+            message.update(exit_code=code, rank=rank, host=host,
+                           stderr_tail=tail or local.stderr_tail.decode("utf-8", "replace"))
+        elif local.exit_code != 0:
+            message["stderr_tail"] = local.stderr_tail.decode("utf-8", "replace")
+        self.control.decided = True
+        self.control.broadcast(message)
+        if not failure:
+            return local
+        return outcome_from(message, local.terminated_by_us)
+
+    def close(self):
+        self.control.close()
+
+
+class JobWorker:
+    """A worker host's side: follows the master's instructions and waits for
+    its verdict. Losing the master ends the local ranks."""
+
+    def __init__(self, master, port, host, deadline, stop_local, grace):
+        self.master = master
+        self.stop_local = stop_local
+        self.grace = grace
+        self.verdict = None
+        self.lost = False
+        self._done = threading.Event()
+        self.link = control.WorkerLink.connect(master, port, host, deadline)
+        if self.link is None:
+            raise ClusterError("could not reach the master %s on port %d before the deadline: "
+                               "%s" % (master, port, control.WorkerLink.last_error))
+        threading.Thread(target=self._follow, name="follow-master", daemon=True).start()
+
+    def _follow(self):
+        while True:
+            msg = self.link.receive()
+            if msg is None:
+                if self.verdict is None or self.verdict.get("type") != "verdict":
+                    self.lost = True
+                    self.stop_local(signal.SIGTERM, LOST_MASTER_GRACE_S)
+                break
+            kind = msg.get("type")
+            if kind == "terminate":
+                self.stop_local(msg.get("signal", signal.SIGTERM),
+                                msg.get("grace", self.grace))
+            elif kind == "abort":
+                self.verdict = msg
+                self.stop_local(signal.SIGTERM, ABORT_GRACE_S)
+            elif kind == "verdict":
+                self.verdict = msg
+                break
+        self._done.set()
+
+    def report_failure(self, host, exit_code):
+        """This host's launcher failed (ranks may not have said why)."""
+        self.link.send({"type": "host_failed", "host": host, "exit_code": exit_code})
+
+    def outcome(self, terminated):
+        """Wait for the verdict; raises ClusterError if the master was lost."""
+        self._done.wait()
+        self.link.close()
+        if self.lost:
+            raise ClusterError("lost the master host %s: its train ended without a verdict "
+                               "(the host died or was stopped)" % self.master)
+        return outcome_from(self.verdict, terminated)
+
+
+def wait_until(predicate, timeout):
+    """Poll `predicate` with backoff from 5 ms until true or `timeout`."""
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+    return True
