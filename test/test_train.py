@@ -278,30 +278,40 @@ def test_no_process_outlives_train(tmp_path):
     assert _job_processes(marker) == []
 
 
-def test_output_lines_stay_whole(tmp_path):
+def test_lines_stay_whole_when_stdout_and_stderr_share_a_pipe(tmp_path):
     script = """\
     import sys
-    big = "L" * 150000
-    for i in range(300):
-        sys.stdout.write("out %d %s\\n" % (i, "o" * 50))
-        sys.stderr.write("err %d %s\\n" % (i, "e" * 50))
-    sys.stdout.write(big + "\\n")
-    sys.stderr.write("E" * 120000 + "\\n")
+    for i in range(3000):
+        sys.stdout.write("out %d %s\\n" % (i, "o" * (i % 200)))
+        sys.stderr.write("err %d %s\\n" % (i, "e" * (i % 300)))
     sys.stdout.write("  indented with trailing spaces   \\n")
     """
     job = Job(tmp_path, {"train.py": script})
     r = job.run(stderr=subprocess.STDOUT)
     assert r.returncode == 0
-    lines = r.stdout.decode().splitlines()
-    user = [l for l in lines if not l.startswith("[training-toolkit]")]
+    user = [l for l in r.stdout.decode().splitlines() if not l.startswith("[training-toolkit]")]
     assert sorted(l for l in user if l.startswith("out ")) == sorted(
-        "out %d %s" % (i, "o" * 50) for i in range(300))
+        "out %d %s" % (i, "o" * (i % 200)) for i in range(3000))
     assert sorted(l for l in user if l.startswith("err ")) == sorted(
-        "err %d %s" % (i, "e" * 50) for i in range(300))
-    assert "L" * 150000 in user
-    assert "E" * 120000 in user
+        "err %d %s" % (i, "e" * (i % 300)) for i in range(3000))
     assert "  indented with trailing spaces   " in user
-    assert len(user) == 603
+    assert len(user) == 6001
+
+
+def test_long_lines_pass_whole(tmp_path):
+    script = """\
+    import sys
+    sys.stdout.write("L" * 150000 + "\\n")
+    sys.stderr.write("E" * 120000 + "\\n")
+    sys.stderr.write("partial line without newline")
+    """
+    job = Job(tmp_path, {"train.py": script})
+    r = job.run()
+    assert r.returncode == 0
+    assert r.stdout.decode().splitlines() == ["L" * 150000]
+    err = [l for l in r.stderr.decode().splitlines() if not l.startswith("[training-toolkit]")]
+    assert err[0] == "E" * 120000
+    assert err[1] == "partial line without newline"
 
 
 def test_missing_entry_point(tmp_path):

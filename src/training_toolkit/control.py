@@ -59,6 +59,7 @@ class MasterControl:
         self.decided = False     # the verdict went out; later losses are goodbyes
         self._cond = threading.Condition()
         self._server = socket.create_server(("", port), reuse_port=False, backlog=128)
+        self.port = self._server.getsockname()[1]
         self._closed = False
         threading.Thread(target=self._accept, name="control-accept", daemon=True).start()
 

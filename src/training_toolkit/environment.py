@@ -99,7 +99,7 @@ class Environment:
     or directly from the three documents."""
 
     def __init__(self, resource_config=None, input_data_config=None, hyperparameters=None,
-                 paths=None, environ=None):
+                 paths=None, environ=None, distributed=None, source_code=None):
         environ = dict(os.environ if environ is None else environ)
         paths = paths or JobPaths.from_environ(environ)
         values = {}
@@ -154,10 +154,21 @@ class Environment:
             dist_hosts = list(hosts)
         master = dist_hosts[0] if dist_hosts else hosts[0]
 
-        # Entry point and code: environment overrides first, then hyperparameters.
+        # Entry point and code: environment overrides first, then hyperparameters;
+        # in the SDK v3 layout, sourcecode.json and the `code` channel.
         entry_point = environ.get(params.PROGRAM_ENV) or sagemaker_hps.get(params.USER_PROGRAM)
         module_dir = (environ.get(params.SUBMIT_DIR_ENV) or sagemaker_hps.get(params.SUBMIT_DIR)
                       or paths.code_dir)
+        code_dir = paths.code_dir
+        if source_code is not None:
+            _require(isinstance(source_code, dict) and source_code.get("entry_script"),
+                     "needs entry_script", paths.source_code_file, "entry_script")
+            entry_point = source_code["entry_script"]
+            code_dir = module_dir = paths.v3_code_dir
+        distributed = self._distribution(distributed, framework_params, paths)
+        if distributed and distributed["config"].get("smp") and "mp_parameters" not in user_hps:
+            user_hps["mp_parameters"] = {k: v for k, v in distributed["config"]["smp"].items()
+                                         if v is not None}
         log_level = sagemaker_hps.get(params.LOG_LEVEL, 20)
         if isinstance(log_level, str) and log_level.isdigit():
             log_level = int(log_level)
@@ -191,7 +202,8 @@ class Environment:
             user_entry_point=entry_point,
             module_name=_module_name(entry_point),
             module_dir=str(module_dir),
-            code_dir=paths.code_dir,
+            code_dir=code_dir,
+            distributed=distributed,
             log_level=log_level,
             framework_module=environ.get(params.TRAINING_MODULE_ENV),
             job_name=sagemaker_hps.get(params.JOB_NAME) or environ.get(params.JOB_NAME_ENV),
@@ -216,6 +228,21 @@ class Environment:
         values["user_args"] = params.to_cmd_args(user_hps)
         values["training_env"] = {name: values[name] for name in TRAINING_ENV_FIELDS}
 
+    @staticmethod
+    def _distribution(document, framework_params, paths):
+        """The job's DistributedConfig (normalised), from the v3 layout or
+        the legacy torch_distributed hyperparameter; None without one."""
+        from .distributed import read_job
+
+        if document is not None:
+            return read_job(document, paths.distributed_config_file)
+        if params.is_true(framework_params.get(params.TORCH_DISTRIBUTED_ENABLED)):
+            count = framework_params.get(params.MPI_PROCESSES_PER_HOST)
+            return read_job({"type": "torchrun",
+                             "config": {"process_count_per_node": count}},
+                            paths.hyperparameters_file)
+        return None
+
     @classmethod
     def read(cls, paths=None, environ=None):
         """Read the job tree's config files (under SAGEMAKER_BASE_DIR)."""
@@ -227,6 +254,8 @@ class Environment:
             hyperparameters=read_json(paths.hyperparameters_file, {}),
             paths=paths,
             environ=environ,
+            distributed=read_json(paths.distributed_config_file, None),
+            source_code=read_json(paths.source_code_file, None),
         )
 
     def __getattr__(self, name):
@@ -272,6 +301,16 @@ class Environment:
             out["SM_HP_" + key.upper()] = formatted
             # The reference keeps dashes; SDK v3 turns them into underscores.
             out["SM_HP_" + key.upper().replace("-", "_")] = formatted
+        if self.distributed is not None:
+            drivers = os.path.join(self.paths.drivers_dir, self.distributed["driver_dir"])
+            entry = self.user_entry_point or ""
+            out.update(
+                SM_DISTRIBUTED_CONFIG=params.format_env_value(self.distributed["config"]),
+                SM_ENTRY_SCRIPT=os.path.join(self.code_dir, entry) if entry else "",
+                SM_SOURCE_DIR=self.code_dir,
+                SM_DRIVER_DIR=drivers,
+                SM_DISTRIBUTED_DRIVER_DIR=drivers,
+            )
         return out
 
     def __repr__(self):

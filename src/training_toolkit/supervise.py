@@ -16,6 +16,10 @@ from . import proctree
 
 TAIL_BYTES = 64 * 1024
 READ_CHUNK = 1 << 16
+# Writes up to PIPE_BUF bytes are atomic on a pipe: relayed stderr goes out in
+# line-aligned pieces no larger than this, so that lines never interleave
+# with the user's stdout when both streams share one pipe.
+ATOMIC_WRITE = 4096
 # A line longer than this is flushed in pieces rather than held in memory.
 MAX_HELD_LINE = 8 << 20
 # After the main process has ended, leftovers get this long between SIGTERM
@@ -78,7 +82,9 @@ class LineRelay(threading.Thread):
             self._emit(held + chunk[:cut + 1] if held else chunk[:cut + 1])
             held = chunk[cut + 1:]
         if held:
-            self._emit(held)
+            # End the last, unterminated line so nothing written after it
+            # (our own log lines) is glued onto it.
+            self._emit(held + b"\n")
         os.close(fd)
 
     def _emit(self, block):
@@ -90,14 +96,26 @@ class LineRelay(threading.Thread):
             # then sees every line whole.
             for line in block.splitlines(keepends=True):
                 self._write(self.tag + line if self.tag else line)
-        else:
+        elif len(block) <= ATOMIC_WRITE:
             self._write(block)
+        else:
+            self._write_atomic_pieces(block)
 
     def _keep(self, chunk):
         tail = self.tail
         tail += chunk
         if len(tail) > 2 * TAIL_BYTES:
             del tail[:-TAIL_BYTES]
+
+    def _write_atomic_pieces(self, block):
+        start, size = 0, len(block)
+        while start < size:
+            end = start + ATOMIC_WRITE
+            if end < size:
+                cut = block.rfind(b"\n", start, end)
+                end = cut + 1 if cut >= start else block.find(b"\n", end) + 1 or size
+            self._write(block[start:end])
+            start = end
 
     def _write(self, data):
         view = memoryview(data)
@@ -177,6 +195,7 @@ class Supervisor:
         tail = self._relays["stderr"].tail_bytes() if "stderr" in self._relays else b""
         if self._kill_timer is not None:
             self._kill_timer.cancel()
+            self._kill_timer = None
         self.proc = None
         return Outcome(exit_code_of(returncode), tail, self.terminating)
 
@@ -192,12 +211,20 @@ class Supervisor:
         if self.on_terminate is not None:
             self.on_terminate(sig)
         else:
-            proctree.signal_tree(proc.pid, sig, pgid=proc.pid, exclude=self._not_ours)
-        if proc is not None and self._kill_timer is None:
-            self._kill_timer = threading.Timer(self.grace_seconds, self._kill, args=(proc,))
+            self.stop(sig, self.grace_seconds)
+        return True
+
+    def stop(self, sig, grace):
+        """Send `sig` to the running tree now and SIGKILL to what is left of
+        it after `grace` seconds (the earliest such deadline wins)."""
+        proc = self.proc
+        if proc is None:
+            return
+        proctree.signal_tree(proc.pid, sig, pgid=proc.pid, exclude=self._not_ours)
+        if self._kill_timer is None:
+            self._kill_timer = threading.Timer(grace, self._kill, args=(proc,))
             self._kill_timer.daemon = True
             self._kill_timer.start()
-        return True
 
     def _kill(self, proc):
         proctree.signal_tree(proc.pid, signal.SIGKILL, pgid=proc.pid, exclude=self._not_ours)

@@ -13,6 +13,8 @@ class RunnerType(enum.Enum):
     MPI = "mpi"
     SMDataParallel = "smddp"
     TorchDistributed = "torchrun"
+    # A custom DistributedConfig's own driver script (SDK v3).
+    Driver = "driver"
 
 
 _MODULES = {
@@ -20,12 +22,20 @@ _MODULES = {
     RunnerType.MPI: "mpi",
     RunnerType.SMDataParallel: "smddp",
     RunnerType.TorchDistributed: "torchrun",
+    RunnerType.Driver: "driver",
 }
+_BY_CONFIG_TYPE = {"torchrun": RunnerType.TorchDistributed, "mpi": RunnerType.MPI,
+                   "smddp": RunnerType.SMDataParallel, "custom": RunnerType.Driver}
 
 
 def select(env):
-    """The runner a job's framework parameters ask for. Distribution applies
-    only to hosts of the distribution instance groups."""
+    """The runner a job asks for: its DistributedConfig (v3 layout, or the
+    legacy torch_distributed switch), else its framework parameters. The
+    legacy switches apply only to hosts of the distribution instance groups."""
+    if env.distributed is not None and (
+            env.distribution_instance_groups == [] or
+            env.current_instance_group in env.distribution_instance_groups):
+        return _BY_CONFIG_TYPE[env.distributed["type"]]
     fp = env.additional_framework_parameters
     if env.current_instance_group not in env.distribution_instance_groups:
         return RunnerType.Process

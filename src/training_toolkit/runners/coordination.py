@@ -35,7 +35,12 @@ class JobMaster:
     def __init__(self, port, workers, stop_local):
         self.workers = list(workers)
         self.stop_local = stop_local
-        self.control = control.MasterControl(port, self.workers)
+        # Alone, take any free port: two local jobs on one machine must not clash.
+        self.control = control.MasterControl(port if self.workers else 0, self.workers)
+
+    def report_address(self):
+        """Where this host's ranks report: `address:port`."""
+        return "127.0.0.1:%d" % self.control.port
 
     def wait_for_workers(self, deadline):
         missing = self.control.wait_for_workers(deadline)

@@ -41,6 +41,11 @@ class MpiSettings:
 
     def __init__(self, env, options, custom_key=params.MPI_CUSTOM_OPTIONS):
         fp = dict(env.additional_framework_parameters)
+        config = (env.distributed or {}).get("config") or {}
+        if config.get("process_count_per_node"):
+            fp[params.MPI_PROCESSES_PER_HOST] = config["process_count_per_node"]
+        if config.get("mpi_additional_options"):
+            fp[custom_key] = config["mpi_additional_options"]
         fp.update(options or {})
         hosts = env.distribution_hosts
         try:
@@ -150,18 +155,15 @@ class MpiJob:
         self.sshd_pid = None
         self.coordinator = None
         self._kill_timer = None
+        self.user_env = user_env
         os.makedirs(ranks_dir(env), exist_ok=True)
-        self._write_rank_env(user_env)
 
-    def _write_rank_env(self, overrides):
+    def _write_rank_env(self, report_address):
         """The environment of this host's ranks, readable by root only: it
         may hold credentials, which therefore never cross the network."""
         full = dict(os.environ)
-        full.update(overrides)
-        is_master = self.env.current_host == self.settings.master
-        full[rank_wrapper.CONTROL_ENV] = "%s:%d" % ("127.0.0.1" if is_master
-                                                    else self.settings.master,
-                                                    self.settings.control_port)
+        full.update(self.user_env)
+        full[rank_wrapper.CONTROL_ENV] = report_address
         full[rank_wrapper.RANKS_DIR_ENV] = ranks_dir(self.env)
         spec = {"env": full, "cwd": self.env.code_dir}
         path = env_file(self.env)
@@ -178,6 +180,7 @@ class MpiJob:
         workers = [h for h in self.settings.hosts if h != self.settings.master]
         self.coordinator = master = JobMaster(self.settings.control_port, workers,
                                               self._stop_local_ranks)
+        self._write_rank_env(master.report_address())
         if workers:
             self._wait_for_workers(workers)
         else:
@@ -220,6 +223,7 @@ class MpiJob:
 
     # -- worker --------------------------------------------------------------
     def run_worker(self):
+        self._write_rank_env("%s:%d" % (self.settings.master, self.settings.control_port))
         self.sshd_pid = ssh.start_sshd(self.supervisor,
                                        os.path.join(self.env.paths.toolkit_dir, "sshd.log"))
         log.info("worker %s: waiting for the master %s"

@@ -1,0 +1,332 @@
+"""Distributed training configurations, as in the SageMaker SDK v3
+(`sagemaker.train.distributed`): `Torchrun`, `MPI`, `SMDDP`, `SMP`, and the
+abstract `DistributedConfig` that users subclass for their own driver.
+
+Fields are declared with class annotations. Unknown fields are rejected and
+every assignment is validated. `write_job()` puts a config into a job tree
+(`input/data/sm_drivers/distributed.json`), which is how `train` learns which
+driver to run.
+"""
+import abc
+import json
+import os
+import shutil
+import typing
+
+from .errors import ConfigError
+from .paths import JobPaths
+
+# Where the drivers live in the job tree (the released SDK's name; the seed
+# called it `drivers`).
+DRIVERS_SUBDIR = "distributed_drivers"
+BUILTIN_TYPES = ("torchrun", "mpi", "smddp")
+
+
+class ConfigValidationError(ConfigError, ValueError):
+    """A configuration value is invalid (also a ValueError, like pydantic's)."""
+
+
+def _type_name(hint):
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is typing.Union:
+        names = [_type_name(a) for a in args if a is not type(None)]
+        return " or ".join(names) + (" or None" if type(None) in args else "")
+    if args:
+        return "%s[%s]" % (_type_name(typing.get_origin(hint)),
+                           ", ".join(_type_name(a) for a in args))
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def _check(cls, name, hint, value):
+    """`value` converted to the field's type, or ConfigValidationError."""
+    where = "%s.%s" % (cls.__name__, name)
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is typing.Union:
+        if value is None and type(None) in args:
+            return None
+        for option in args:
+            if option is type(None):
+                continue
+            try:
+                return _check(cls, name, option, value)
+            except ConfigValidationError:
+                continue
+        raise ConfigValidationError("expected %s, got %r" % (_type_name(hint), value),
+                                    field=where)
+    if origin in (list, typing.List):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigValidationError("expected a list, got %r" % (value,), field=where)
+        item = args[0] if args else typing.Any
+        return [_check(cls, name, item, v) for v in value]
+    if origin in (dict, typing.Dict):
+        if not isinstance(value, dict):
+            raise ConfigValidationError("expected an object, got %r" % (value,), field=where)
+        return dict(value)
+    if hint is typing.Any:
+        return value
+    if isinstance(hint, type) and issubclass(hint, BaseConfig):
+        if isinstance(value, hint):
+            return value
+        if isinstance(value, dict):
+            return hint.model_validate(value)
+        raise ConfigValidationError("expected %s, got %r" % (hint.__name__, value), field=where)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+    elif isinstance(hint, type) and isinstance(value, hint):
+        return value
+    raise ConfigValidationError("expected %s, got %r" % (_type_name(hint), value), field=where)
+
+
+class BaseConfig:
+    """Annotated fields, validated on construction and on every assignment."""
+
+    def __init__(self, **values):
+        fields = self.model_fields()
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            raise ConfigValidationError(
+                "unknown field%s %s (allowed: %s)" % ("s" if len(unknown) > 1 else "",
+                                                      ", ".join(unknown), ", ".join(fields)),
+                field=type(self).__name__)
+        for name, default in fields.items():
+            setattr(self, name, values.get(name, default))
+
+    @classmethod
+    def model_fields(cls):
+        """Field name -> default, in declaration order (base classes first)."""
+        fields = {}
+        for klass in reversed(cls.__mro__):
+            for name in getattr(klass, "__annotations__", {}):
+                if not name.startswith("_") and name != "model_config":
+                    fields[name] = getattr(klass, name, None)
+        return fields
+
+    @classmethod
+    def _hints(cls):
+        hints = cls.__dict__.get("_hints_cache")
+        if hints is None:
+            hints = typing.get_type_hints(cls)
+            cls._hints_cache = hints
+        return hints
+
+    def __setattr__(self, name, value):
+        if name not in self.model_fields():
+            raise ConfigValidationError("unknown field %s" % name, field=type(self).__name__)
+        value = _check(type(self), name, self._hints()[name], value)
+        validate = getattr(self, "validate_" + name, None)
+        if validate is not None and value is not None:
+            validate(value)
+        object.__setattr__(self, name, value)
+
+    def model_dump(self, exclude_none=False):
+        out = {}
+        for name in self.model_fields():
+            value = getattr(self, name)
+            if isinstance(value, BaseConfig):
+                value = value.model_dump(exclude_none)
+            if value is None and exclude_none:
+                continue
+            out[name] = value
+        return out
+
+    def model_dump_json(self, exclude_none=False):
+        return json.dumps(self.model_dump(exclude_none), sort_keys=True)
+
+    @classmethod
+    def model_validate(cls, data):
+        if not isinstance(data, dict):
+            raise ConfigValidationError("expected an object, got %r" % (data,),
+                                        field=cls.__name__)
+        return cls(**data)
+
+    @classmethod
+    def model_validate_json(cls, text):
+        return cls.model_validate(json.loads(text))
+
+    def __eq__(self, other):
+        return type(other) is type(self) and other.model_dump() == self.model_dump()
+
+    def __repr__(self):
+        return "%s(%s)" % (type(self).__name__, ", ".join(
+            "%s=%r" % (k, v) for k, v in self.model_dump().items()))
+
+
+def _at_least_one(name):
+    def validate(self, value):
+        if value < 1:
+            raise ConfigValidationError("must be >= 1, got %r" % value,
+                                        field="%s.%s" % (type(self).__name__, name))
+    return validate
+
+
+class DistributedConfig(BaseConfig, abc.ABC):
+    """Abstract base of distributed configurations. A subclass names its
+    driver: `driver_dir` (a directory whose files are shipped with the job)
+    and `driver_script` (the file in it that `train` runs)."""
+
+    @property
+    @abc.abstractmethod
+    def driver_dir(self):
+        """Directory containing the driver script."""
+
+    @property
+    @abc.abstractmethod
+    def driver_script(self):
+        """Name of the driver script in `driver_dir`."""
+
+    #: Built-in configurations run a built-in runner; custom ones their driver.
+    runner_type = None
+
+
+class SMP(BaseConfig):
+    """SageMaker model parallelism v2 settings (they reach the job as the
+    `mp_parameters` hyperparameter)."""
+
+    hybrid_shard_degree: typing.Optional[int] = None
+    sm_activation_offloading: typing.Optional[bool] = None
+    activation_loading_horizon: typing.Optional[int] = None
+    fsdp_cache_flush_warnings: typing.Optional[bool] = None
+    allow_empty_shards: typing.Optional[bool] = None
+    tensor_parallel_degree: typing.Optional[int] = None
+    context_parallel_degree: typing.Optional[int] = None
+    expert_parallel_degree: typing.Optional[int] = None
+    random_seed: typing.Optional[int] = None
+
+    validate_hybrid_shard_degree = _at_least_one("hybrid_shard_degree")
+    validate_activation_loading_horizon = _at_least_one("activation_loading_horizon")
+    validate_tensor_parallel_degree = _at_least_one("tensor_parallel_degree")
+    validate_context_parallel_degree = _at_least_one("context_parallel_degree")
+    validate_expert_parallel_degree = _at_least_one("expert_parallel_degree")
+
+
+class _Builtin(DistributedConfig):
+    @property
+    def driver_dir(self):
+        return DRIVERS_SUBDIR
+
+    @property
+    def driver_script(self):
+        return "%s_driver.py" % self.runner_type
+
+    validate_process_count_per_node = _at_least_one("process_count_per_node")
+
+
+class Torchrun(_Builtin):
+    """torchrun on every host. `max_restarts` (an extension) is passed to
+    torchrun's --max-restarts."""
+
+    runner_type = "torchrun"
+    process_count_per_node: typing.Optional[int] = None
+    smp: typing.Optional[SMP] = None
+    max_restarts: typing.Optional[int] = None
+
+    def validate_max_restarts(self, value):
+        if value < 0:
+            raise ConfigValidationError("must be >= 0, got %r" % value,
+                                        field="Torchrun.max_restarts")
+
+
+class MPI(_Builtin):
+    """mpirun across the hosts."""
+
+    runner_type = "mpi"
+    process_count_per_node: typing.Optional[int] = None
+    mpi_additional_options: typing.Optional[typing.List[str]] = None
+
+
+class SMDDP(_Builtin):
+    """SageMaker distributed data parallel (mpirun-based), with the
+    communication backend switch: {"backend": "auto" | "nccl"}."""
+
+    runner_type = "smddp"
+    process_count_per_node: typing.Optional[int] = None
+    communication_options: typing.Optional[typing.Dict[str, str]] = None
+
+    def validate_communication_options(self, value):
+        backend = value.get("backend", "auto")
+        if backend not in ("auto", "nccl"):
+            raise ConfigValidationError("backend must be 'auto' or 'nccl', got %r" % backend,
+                                        field="SMDDP.communication_options")
+
+
+BUILTINS = {cls.runner_type: cls for cls in (Torchrun, MPI, SMDDP)}
+
+
+def describe(config):
+    """The distributed.json document of a config."""
+    builtin = type(config) in BUILTINS.values()
+    return {
+        "type": type(config).runner_type if builtin else "custom",
+        "class": "%s:%s" % (type(config).__module__, type(config).__qualname__),
+        "driver_dir": DRIVERS_SUBDIR,
+        "driver_script": config.driver_script,
+        "config": config.model_dump(),
+    }
+
+
+def write_job(config, base_dir, entry_script, source_dir=None):
+    """Put `config` into the job tree at `base_dir` in the SDK v3 layout:
+    `sm_drivers/distributed.json`, `sm_drivers/sourcecode.json`, a custom
+    config's driver files in `sm_drivers/distributed_drivers/`, and the code
+    (if `source_dir` is given) as the `code` channel."""
+    paths = JobPaths(base_dir)
+    if not isinstance(config, DistributedConfig):
+        raise ConfigValidationError("not a DistributedConfig: %r" % (config,))
+    doc = describe(config)
+    drivers = os.path.join(paths.drivers_dir, DRIVERS_SUBDIR)
+    os.makedirs(drivers, exist_ok=True)
+    if doc["type"] == "custom":
+        source = os.path.abspath(config.driver_dir)
+        script = os.path.join(source, config.driver_script)
+        if not os.path.isfile(script):
+            raise ConfigValidationError("driver script %s not found" % script,
+                                        field="%s.driver_script" % type(config).__name__)
+        shutil.copytree(source, drivers, dirs_exist_ok=True)
+    with open(paths.distributed_config_file, "w") as f:
+        json.dump(doc, f, indent=2)
+    with open(paths.source_code_file, "w") as f:
+        json.dump({"source_dir": source_dir, "entry_script": entry_script}, f, indent=2)
+    if source_dir:
+        shutil.copytree(source_dir, paths.v3_code_dir, dirs_exist_ok=True)
+    return paths
+
+
+def read_job(distributed_doc, path):
+    """Validate a distributed.json document (ours, or the SDK's flat form
+    with `_type`). Returns it normalised: type, driver_dir, driver_script,
+    config; built-in configs are checked against their class."""
+    if not isinstance(distributed_doc, dict):
+        raise ConfigError("must be a JSON object", path=path)
+    doc = dict(distributed_doc)
+    if "config" not in doc:  # the flat form: the fields themselves
+        kind = doc.pop("_type", None) or doc.pop("type", None)
+        script = doc.pop("driver_script", None)
+        doc = {"type": kind or ("custom" if script else None), "driver_script": script,
+               "driver_dir": doc.pop("driver_dir", DRIVERS_SUBDIR), "config": doc}
+    kind = doc.get("type")
+    if kind in BUILTINS:
+        try:
+            doc["config"] = BUILTINS[kind].model_validate(doc["config"] or {}).model_dump()
+        except ConfigValidationError as e:
+            raise ConfigError(str(e), path=path) from None
+        doc.setdefault("driver_script", "%s_driver.py" % kind)
+    elif kind == "custom":
+        if not doc.get("driver_script"):
+            raise ConfigError("a custom config needs driver_script", path=path,
+                              field="driver_script")
+    else:
+        raise ConfigError("unknown distribution type %r (expected one of %s or custom)"
+                          % (kind, ", ".join(BUILTINS)), path=path, field="type")
+    doc.setdefault("driver_dir", DRIVERS_SUBDIR)
+    return doc

@@ -1,0 +1,156 @@
+"""The torchrun runner: torchrun on every host of the job, with cross-host
+fail-fast.
+
+Plain torchrun leaves the other nodes blocked in collectives for 10-30 min
+when a rank dies on one node. Here every rank starts through
+`training_toolkit.rank`, which tags its output `[<host>,<rank>]<stdout>:` and
+reports its exit to the master's `train`; the first failure stops torchrun on
+every host, and every host ends with the failing rank's exit code.
+"""
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+
+from .. import control, log, params, resources, ssh
+from .. import rank as rank_wrapper
+from ..errors import ConfigError, MissingProgramError
+from .coordination import JobMaster, JobWorker
+from .plan import Command, LaunchPlan, PYTHON_PACKAGE, base_env, entry_kind, program_argv
+
+NAME = "torchrun"
+MAX_RESTARTS = "sagemaker_torch_distributed_max_restarts"
+EFA_INSTANCES = ("ml.g4dn.8xlarge", "ml.g4dn.12xlarge", "ml.g5.48xlarge", "ml.p3dn.24xlarge",
+                 "ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.p5.48xlarge", "ml.trn1.32xlarge")
+EFA_RDMA_INSTANCES = ("ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.trn1.32xlarge")
+
+
+class TorchrunSettings:
+    def __init__(self, env, options=None):
+        config = dict((env.distributed or {}).get("config") or {})
+        fp = dict(env.additional_framework_parameters)
+        fp.update(options or {})
+        self.hosts = env.distribution_hosts
+        self.node_rank = self.hosts.index(env.current_host)
+        self.master = env.master_hostname
+        self.port = env.master_port
+        self.per_host = resources.processes_per_host(
+            config.get("process_count_per_node") or fp.get(params.MPI_PROCESSES_PER_HOST))
+        restarts = config.get("max_restarts")
+        if restarts is None:
+            restarts = fp.get(MAX_RESTARTS, 0)
+        try:
+            self.max_restarts = int(restarts)
+        except (TypeError, ValueError):
+            raise ConfigError("must be an integer", path=env.paths.hyperparameters_file,
+                              field=MAX_RESTARTS) from None
+        self.control_port = control.control_port(os.environ)
+        instance_type = fp.get(params.INSTANCE_TYPE) or env.current_instance_type
+        self.network_env = network_env(instance_type, env.network_interface_name)
+
+    @property
+    def world_size(self):
+        return self.per_host * len(self.hosts)
+
+
+def network_env(instance_type, interface):
+    """NCCL/EFA variables for the instance type."""
+    out = {"NCCL_SOCKET_IFNAME": interface}
+    if instance_type in EFA_INSTANCES:
+        out.update(FI_PROVIDER="efa", NCCL_PROTO="simple")
+    if instance_type in EFA_RDMA_INSTANCES:
+        out.update(FI_EFA_USE_DEVICE_RDMA="1", RDMAV_FORK_SAFE="1")
+    return out
+
+
+def launcher():
+    found = shutil.which("torchrun")
+    return [found] if found else [sys.executable, "-m", "torch.distributed.run"]
+
+
+def torchrun_argv(settings, program):
+    argv = launcher()
+    if len(settings.hosts) == 1:
+        argv += ["--standalone", "--nnodes", "1"]
+    else:
+        argv += ["--nnodes", str(len(settings.hosts)), "--node_rank", str(settings.node_rank),
+                 "--master_addr", settings.master, "--master_port", str(settings.port)]
+    argv += ["--nproc_per_node", str(settings.per_host)]
+    if settings.max_restarts:
+        argv += ["--max-restarts", str(settings.max_restarts)]
+    # torchrun runs `python -u -m training_toolkit.rank --tag -- PROGRAM`.
+    return argv + ["-m", "training_toolkit.rank", "--tag", "--"] + list(program)
+
+
+def plan(env, entry_point, args, extra_env=None, options=None):
+    settings = TorchrunSettings(env, options)
+    program = program_argv(env.code_dir, entry_point, args)
+    if entry_kind(env.code_dir, entry_point) == PYTHON_PACKAGE:
+        program = [sys.executable, "-m"] + program[2:]
+    is_master = env.current_host == settings.master
+    user_env = base_env(env, dict(settings.network_env, **(extra_env or {})))
+    user_env[rank_wrapper.CONTROL_ENV] = "%s:%d" % (
+        "127.0.0.1" if is_master else settings.master, settings.control_port)
+    role = "single" if len(settings.hosts) == 1 else ("master" if is_master else "worker")
+    return LaunchPlan(NAME, env.current_host, role,
+                      Command(torchrun_argv(settings, program), user_env, env.code_dir),
+                      settings=settings,
+                      notes=("%d x %d processes; node rank %d" % (
+                          len(settings.hosts), settings.per_host, settings.node_rank),))
+
+
+def run(launch, supervisor, env):
+    settings = launch.settings
+    if launch.command.argv[0] != sys.executable and not os.access(launch.command.argv[0],
+                                                                  os.X_OK):
+        raise MissingProgramError("torchrun is not installed (pip install torch)")
+    local = supervisor.stop
+    deadline = time.monotonic() + ssh.deadline_seconds(os.environ)
+    workers = [h for h in settings.hosts if h != settings.master]
+    if launch.role in ("master", "single"):
+        if launch.role == "master":
+            check_port_free(settings.port, env)
+        coordinator = JobMaster(settings.control_port, workers, local)
+        launch.command.env[rank_wrapper.CONTROL_ENV] = coordinator.report_address()
+        try:
+            if settings.max_restarts == 0:
+                coordinator.fail_fast()
+            else:  # let torchrun restart; act when a host's torchrun gives up
+                coordinator.control.on_failure = lambda rank, host, code: (
+                    rank is None and coordinator.stop_everywhere(signal.SIGTERM, 3.0))
+            supervisor.on_terminate = lambda sig: coordinator.stop_everywhere(
+                sig, supervisor.grace_seconds)
+            outcome = run_command(supervisor, launch.command)
+            return coordinator.verdict(outcome, expected_ranks=settings.world_size)
+        finally:
+            supervisor.on_terminate = None
+            coordinator.close()
+    log.info("worker %s: waiting for the master %s" % (env.current_host, settings.master))
+    worker = JobWorker(settings.master, settings.control_port, env.current_host, deadline,
+                       local, supervisor.grace_seconds)
+    supervisor.on_terminate = lambda sig: local(sig, supervisor.grace_seconds)
+    try:
+        outcome = run_command(supervisor, launch.command)
+        if outcome.exit_code != 0:
+            worker.report_failure(env.current_host, outcome.exit_code)
+        return worker.outcome(supervisor.terminating)
+    finally:
+        supervisor.on_terminate = None
+
+
+def check_port_free(port, env):
+    """The rendezvous port must be free on the master before torchrun binds it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError as e:
+            raise ConfigError("master port %d is not free on %s (%s); set SM_MASTER_PORT to "
+                              "another port" % (port, env.current_host, e.strerror),
+                              field="SM_MASTER_PORT") from None
+
+
+def run_command(supervisor, command):
+    return supervisor.run(command.argv, env=command.full_env(), cwd=command.cwd)
