@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from jobs import TRAIN
+from training_toolkit.distributed import write_job
 from training_toolkit.jobtree import write_job_tree
 from training_toolkit.simcluster import SimCluster, SimClusterUnavailable, check_supported
 
@@ -34,7 +35,8 @@ class ClusterJob:
     """N hosts, each with a job tree under `root/<host>` (mounted at /opt/ml
     inside the host) and the user's code in `root/src`."""
 
-    def __init__(self, root, n, files, entry_point="train.py", hyperparameters=None):
+    def __init__(self, root, n, files, entry_point="train.py", hyperparameters=None,
+                 distributed=None):
         self.root = str(root)
         self.src = os.path.join(self.root, "src")
         os.makedirs(self.src, exist_ok=True)
@@ -46,6 +48,8 @@ class ClusterJob:
         for host, base in self.roots.items():
             write_job_tree(base, entry_point, self.src, hyperparameters=hyperparameters,
                            hosts=self.hosts, current_host=host, network_interface_name="eth0")
+            if distributed is not None:
+                write_job(distributed, base, entry_point, source_dir=self.src)
         self.cluster = SimCluster(n, [self.roots[h] for h in self.hosts],
                                   shared_paths=[self.root])
         self.runs = {}

@@ -36,9 +36,10 @@ def cmd_local(args):
     job_dir = os.path.abspath(args.job_dir) if args.job_dir else tempfile.mkdtemp(prefix="tt-job-")
     hps = _pairs(args.hp, "--hp")
     if args.hosts > 1:
-        return _local_cluster(args.hosts, job_dir, entry, code_dir, channels, hps)
+        return _local_cluster(args, job_dir, entry, code_dir, channels, hps)
     reset_run_state(job_dir)
     paths = write_job_tree(job_dir, entry, code_dir, channels=channels, raw_hyperparameters=hps)
+    _write_distributed(args, job_dir, entry, code_dir)
     env = dict(os.environ)
     env[params.BASE_DIR_ENV] = job_dir
     print("[training-toolkit] job tree: %s" % job_dir, file=sys.stderr, flush=True)
@@ -49,18 +50,30 @@ def cmd_local(args):
     return code
 
 
-def _local_cluster(n, job_dir, entry, code_dir, channels, hps):
+def _write_distributed(args, job_dir, entry, code_dir):
+    """--distributed: put a DistributedConfig into the job tree (v3 layout)."""
+    if not args.distributed:
+        return
+    from .distributed import config_from_cli, write_job
+
+    config = config_from_cli(args.distributed, _pairs(args.config, "--config"), args.driver_dir)
+    write_job(config, job_dir, entry, source_dir=code_dir, driver_root=args.driver_dir)
+
+
+def _local_cluster(args, job_dir, entry, code_dir, channels, hps):
     """Rehearse a multi-host job: N simulated hosts (Linux namespaces, root),
     each running `train` on its own job tree mounted at /opt/ml."""
     from .jobtree import reset_run_state, write_job_tree
     from .simcluster import SimCluster
 
+    n = args.hosts
     hosts = ["algo-%d" % (i + 1) for i in range(n)]
     roots = [os.path.join(job_dir, h) for h in hosts]
     for host, root in zip(hosts, roots):
         reset_run_state(root)
         write_job_tree(root, entry, code_dir, channels=channels, raw_hyperparameters=hps,
                        hosts=hosts, current_host=host, network_interface_name="eth0")
+        _write_distributed(args, root, entry, code_dir)
     shared = [job_dir, code_dir] + [os.path.abspath(p) for p in channels.values()]
     env = {k: v for k, v in os.environ.items() if k not in (params.BASE_DIR_ENV, "TMPDIR")}
     train = os.path.join(os.path.dirname(sys.executable), "train")
@@ -129,6 +142,12 @@ def parser():
     local.add_argument("--job-dir", help="job tree to use (default: a new temp dir)")
     local.add_argument("--hosts", type=int, default=1, metavar="N",
                        help="rehearse on N simulated hosts (Linux, root; one job tree each)")
+    local.add_argument("--distributed", metavar="KIND",
+                       help="a DistributedConfig: torchrun, mpi, smddp or module:Class")
+    local.add_argument("--config", action="append", metavar="FIELD=VALUE",
+                       help="a field of the --distributed config (JSON value)")
+    local.add_argument("--driver-dir", metavar="DIR",
+                       help="where a custom config's module and driver_dir are")
     local.set_defaults(func=cmd_local)
 
     for name, func, text in (("plan", cmd_plan, "print what `train` would run, without running"),

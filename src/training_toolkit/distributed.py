@@ -45,9 +45,10 @@ def _check(cls, name, hint, value):
     if origin is typing.Union:
         if value is None and type(None) in args:
             return None
-        for option in args:
-            if option is type(None):
-                continue
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:  # Optional[X]: X's own error says more
+            return _check(cls, name, options[0], value)
+        for option in options:
             try:
                 return _check(cls, name, option, value)
             except ConfigValidationError:
@@ -275,11 +276,12 @@ def describe(config):
     }
 
 
-def write_job(config, base_dir, entry_script, source_dir=None):
+def write_job(config, base_dir, entry_script, source_dir=None, driver_root=None):
     """Put `config` into the job tree at `base_dir` in the SDK v3 layout:
     `sm_drivers/distributed.json`, `sm_drivers/sourcecode.json`, a custom
-    config's driver files in `sm_drivers/distributed_drivers/`, and the code
-    (if `source_dir` is given) as the `code` channel."""
+    config's driver files in `sm_drivers/distributed_drivers/` (its
+    `driver_dir`, relative to `driver_root` or the working directory), and the
+    code (if `source_dir` is given) as the `code` channel."""
     paths = JobPaths(base_dir)
     if not isinstance(config, DistributedConfig):
         raise ConfigValidationError("not a DistributedConfig: %r" % (config,))
@@ -287,7 +289,7 @@ def write_job(config, base_dir, entry_script, source_dir=None):
     drivers = os.path.join(paths.drivers_dir, DRIVERS_SUBDIR)
     os.makedirs(drivers, exist_ok=True)
     if doc["type"] == "custom":
-        source = os.path.abspath(config.driver_dir)
+        source = os.path.join(os.path.abspath(driver_root or "."), config.driver_dir)
         script = os.path.join(source, config.driver_script)
         if not os.path.isfile(script):
             raise ConfigValidationError("driver script %s not found" % script,
@@ -299,7 +301,50 @@ def write_job(config, base_dir, entry_script, source_dir=None):
         json.dump({"source_dir": source_dir, "entry_script": entry_script}, f, indent=2)
     if source_dir:
         shutil.copytree(source_dir, paths.v3_code_dir, dirs_exist_ok=True)
+    _add_channels(paths, ("code", "sm_drivers") if source_dir else ("sm_drivers",))
     return paths
+
+
+def _add_channels(paths, names):
+    """The SDK ships code and drivers as input channels; list them as such."""
+    try:
+        with open(paths.input_data_config_file) as f:
+            channels = json.load(f)
+    except (OSError, ValueError):
+        channels = {}
+    for name in names:
+        channels.setdefault(name, {"TrainingInputMode": "File"})
+    os.makedirs(os.path.dirname(paths.input_data_config_file), exist_ok=True)
+    with open(paths.input_data_config_file, "w") as f:
+        json.dump(channels, f, indent=2)
+
+
+def config_from_cli(kind, options, driver_dir=None):
+    """A config from `training-toolkit local --distributed KIND --config k=v`:
+    KIND is torchrun, mpi, smddp or `module:Class` (importable from
+    `driver_dir` or the working directory); values are JSON when they parse."""
+    import importlib
+    import sys
+
+    if kind in BUILTINS:
+        cls = BUILTINS[kind]
+    else:
+        module_name, _, class_name = kind.partition(":")
+        if not class_name:
+            raise ConfigValidationError("--distributed %r: expected torchrun, mpi, smddp or "
+                                        "module:Class" % kind)
+        sys.path.insert(0, os.path.abspath(driver_dir or "."))
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError) as e:
+            raise ConfigValidationError("--distributed %r cannot be loaded: %s" % (kind, e))
+    values = {}
+    for key, raw in options.items():
+        try:
+            values[key] = json.loads(raw)
+        except ValueError:
+            values[key] = raw
+    return cls(**values)
 
 
 def read_job(distributed_doc, path):

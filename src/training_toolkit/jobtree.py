@@ -46,7 +46,8 @@ def reset_run_state(base):
     for f in (paths.success_file, paths.failure_file, paths.status_file):
         if os.path.exists(f):
             os.unlink(f)
-    shutil.rmtree(paths.code_dir, ignore_errors=True)
+    for d in (paths.code_dir, paths.v3_code_dir, paths.drivers_dir):
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _dump(path, obj):
