@@ -88,17 +88,17 @@ def ranks_dir(env):
     return os.path.join(env.paths.toolkit_dir, "ranks")
 
 
-def rank_program(env, entry_point, args):
+def rank_program(env, entry_point, args, prefix=()):
     """A Python program runs under `python -m mpi4py` when mpi4py is there,
     so an uncaught exception aborts the job instead of hanging it."""
     argv = program_argv(env.code_dir, entry_point, args)
     if entry_kind(env.code_dir, entry_point) == PYTHON_PROGRAM and \
             importlib.util.find_spec("mpi4py") is not None:
         argv = argv[:1] + ["-m", "mpi4py"] + argv[1:]
-    return argv
+    return list(prefix) + argv
 
 
-def mpirun_argv(env, settings, program, extra_args=()):
+def mpirun_argv(env, settings, program):
     iface = settings.interface
     if len(settings.hosts) == 1:
         # One host: every rank is local; mpirun must not ssh to our own name,
@@ -115,20 +115,20 @@ def mpirun_argv(env, settings, program, extra_args=()):
              "-o UserKnownHostsFile=%s -o StrictHostKeyChecking=yes -o BatchMode=yes"
              % known_hosts_file(env)]
     argv += ["-x", "NCCL_SOCKET_IFNAME=%s" % iface]
-    argv += list(extra_args) + settings.custom
+    argv += settings.custom
     argv += [sys.executable, "-m", "training_toolkit.rank", "--env-file", env_file(env), "--"]
     return argv + list(program)
 
 
 def plan(env, entry_point, args, extra_env=None, options=None,
-         custom_key=params.MPI_CUSTOM_OPTIONS, name=NAME, extra_mpi_args=()):
+         custom_key=params.MPI_CUSTOM_OPTIONS, name=NAME, program_prefix=()):
     settings = MpiSettings(env, options, custom_key)
     user_env = base_env(env, extra_env)
     if env.current_host != settings.master:
         return LaunchPlan(name, env.current_host, "worker", None, user_env=user_env,
                           settings=settings, notes=(
             "starts sshd, serves the ranks that the master %s starts here" % settings.master,))
-    argv = mpirun_argv(env, settings, rank_program(env, entry_point, args), extra_mpi_args)
+    argv = mpirun_argv(env, settings, rank_program(env, entry_point, args, program_prefix))
     return LaunchPlan(name, env.current_host, "master", Command(argv, user_env, env.code_dir),
                       settings=settings,
                       notes=("%d processes on %s" % (settings.total, ", ".join(settings.hosts)),))
@@ -189,8 +189,10 @@ class MpiJob:
         # Stop the ranks on every host, not mpirun, which would kill them at once.
         self.supervisor.on_terminate = lambda sig: master.stop_everywhere(
             sig, self.supervisor.grace_seconds)
-        outcome = self.supervisor.run(command.argv, env=command.full_env(), cwd=command.cwd,
-                                      relay_stdout=True, transform=self._tag)
+        # mpirun itself runs in train's own environment: the ranks' variables
+        # (LD_PRELOAD among them) reach the ranks through the env file only.
+        outcome = self.supervisor.run(command.argv, cwd=command.cwd, relay_stdout=True,
+                                      transform=self._tag)
         return master.verdict(outcome, tail_of=rank_lines)
 
     def _wait_for_workers(self, workers):

@@ -40,9 +40,10 @@ class LaunchPlan:
     """What runs on this host. `command` is None for a host that only serves
     the job (an MPI worker waits for the master's ranks)."""
 
-    __slots__ = ("runner", "host", "role", "command", "notes", "user_env", "settings")
+    __slots__ = ("runner", "host", "role", "command", "notes", "user_env", "settings", "status")
 
-    def __init__(self, runner, host, role, command, notes=(), user_env=None, settings=None):
+    def __init__(self, runner, host, role, command, notes=(), user_env=None, settings=None,
+                 status=None):
         self.runner = runner
         self.host = host
         self.role = role
@@ -53,6 +54,8 @@ class LaunchPlan:
         self.user_env = dict(command.env if user_env is None and command else user_env or {})
         # Runner-specific decisions the run step needs (MPI: hosts, counts).
         self.settings = settings
+        # Decisions worth recording in status.json (SMDDP: the backend).
+        self.status = dict(status or {})
 
     def to_dict(self):
         return {
@@ -62,6 +65,7 @@ class LaunchPlan:
             "command": self.command.to_dict() if self.command else None,
             "user_env": None if self.command else dict(sorted(self.user_env.items())),
             "notes": list(self.notes),
+            "status": dict(self.status),
         }
 
 
