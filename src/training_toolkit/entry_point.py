@@ -102,7 +102,7 @@ def execute(env, supervisor, reporter, uri=None, entry_point=None, args=None,
     args = env.to_cmd_args() if args is None else list(args)
     launch = plan(env, entry_point, args, runner_type, env_vars, extra_opts)
     command = launch.command.shell_line() if launch.command else None
-    reporter.set(runner=launch.runner, role=launch.role, command=command)
+    reporter.set(runner=launch.runner, role=launch.role, command=command, **launch.status)
     log.info("running %s (%s runner, %s): %s" % (entry_point, launch.runner, launch.role,
                                                  command or "serving the master's ranks"))
     outcome = _phase(reporter, "run", runner.run, launch, supervisor, env)
