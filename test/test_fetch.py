@@ -369,7 +369,7 @@ def test_s3_deadline_gives_fetch_error(job, s3_server, monkeypatch, fault_after_
     assert os.listdir(job / "job") == []
 
 
-def test_progress_is_logged_and_stalled_chunks_resume(job, s3_server, monkeypatch, capsys):
+def test_progress_is_logged_and_stalled_chunks_resume(job, s3_server, monkeypatch, capfd):
     # Every connection stalls after 600 kB, less than the 1.5 MB object (one
     # chunk), so it only arrives because a retry resumes where the stalled
     # attempt stopped. Meanwhile progress lines (every 0.1 s) go to stderr.
@@ -382,7 +382,7 @@ def test_progress_is_logged_and_stalled_chunks_resume(job, s3_server, monkeypatc
         fetch_code(uri, str(code), endpoint_url=proxy.url, deadline_s=30)
     assert proxy.stalls >= 1
     assert_extracted(code, content)
-    progress = [line for line in capsys.readouterr().err.splitlines() if "MB/s" in line]
+    progress = [line for line in capfd.readouterr().err.splitlines() if "MB/s" in line]
     assert progress, "no progress line"
     assert re.match(r"\[training-toolkit\] %s: \d+\.\d/1\.5 MB \(\d+%%\), \d+\.\d MB/s$" % re.escape(uri), progress[0])
 

@@ -18,7 +18,6 @@ import.
 import math
 import os
 import shutil
-import sys
 import tarfile
 import tempfile
 import threading
@@ -26,6 +25,7 @@ import time
 import zlib
 
 from . import errors
+from . import log as toolkit_log
 
 DEADLINE_ENV = "TRAINING_TOOLKIT_FETCH_DEADLINE_S"
 TIMEOUT_ENV = "TRAINING_TOOLKIT_S3_TIMEOUT_S"
@@ -88,7 +88,7 @@ def fetch_code(uri, code_dir, *, endpoint_url=None, region=None, deadline_s=None
     device file) or CodeFetchError (corrupt archive, I/O error, deadline
     passed). Each names the URI.
     """
-    log = log or _log_to_stderr
+    log = log or toolkit_log.info
     if _is_populated(code_dir):
         return "code dir already populated"
     if uri.startswith("s3://"):
@@ -101,10 +101,6 @@ def fetch_code(uri, code_dir, *, endpoint_url=None, region=None, deadline_s=None
     if os.path.isfile(path):
         return _extract_local(path, code_dir, uri)
     raise errors.CodeNotFoundError("code not found: %s does not exist" % uri, uri)
-
-
-def _log_to_stderr(line):
-    print("[training-toolkit] " + line, file=sys.stderr, flush=True)
 
 
 def _is_populated(code_dir):
