@@ -4,9 +4,9 @@ import json
 import os
 import signal
 import subprocess
-import textwrap
+import shutil
+import sys
 import time
-import typing
 
 import pytest
 
@@ -187,17 +187,9 @@ if __name__ == "__main__":
 """
 
 
-class CustomDriver(DistributedConfig):
-    process_count_per_node: typing.Optional[int] = None
-    driver_args: typing.Optional[typing.List[str]] = None
-
-    @property
-    def driver_dir(self):
-        return "drivers"
-
-    @property
-    def driver_script(self):
-        return "custom_driver.py"
+EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "custom-driver")
+sys.path.insert(0, EXAMPLE)
+from my_configs import CustomDriver  # noqa: E402  (the README's example config)
 
 
 def test_custom_driver_runs_unchanged(tmp_path):
@@ -233,19 +225,7 @@ def test_custom_config_through_the_cli(tmp_path):
     (root / "drivers").mkdir(parents=True)
     (root / "drivers" / "custom_driver.py").write_text(CUSTOM_DRIVER.replace(
         "SEEN=json.dumps", "SEEN_UNUSED=json.dumps"))
-    (root / "my_configs.py").write_text(textwrap.dedent("""\
-        import typing
-        from training_toolkit.distributed import DistributedConfig
-        class CustomDriver(DistributedConfig):
-            process_count_per_node: typing.Optional[int] = None
-            driver_args: typing.Optional[typing.List[str]] = None
-            @property
-            def driver_dir(self):
-                return "drivers"
-            @property
-            def driver_script(self):
-                return "custom_driver.py"
-        """))
+    shutil.copy(os.path.join(EXAMPLE, "my_configs.py"), root / "my_configs.py")
     r = subprocess.run(["training-toolkit", "local", str(code), "--distributed",
                         "my_configs:CustomDriver", "--driver-dir", str(root), "--config",
                         "process_count_per_node=4", "--config", 'driver_args=["--x"]',
