@@ -171,3 +171,61 @@ def test_failure_text_headline_fits():
     assert text.startswith("ExecuteUserScriptError: exit code 1: train.py")
     assert root_cause(err).endswith("ValueError: real cause")
     assert sys.getsizeof(text) < 200_000
+
+
+def v3_env(doc, rc=None, hps=None):
+    return Environment(rc or RC, {}, {k: json.dumps(v) for k, v in (hps or {}).items()},
+                       paths=JobPaths("/job"), environ={}, distributed=doc,
+                       source_code={"entry_script": "train.py"})
+
+
+def test_v3_layout_selects_the_config_runner():
+    from training_toolkit.runners import RunnerType
+
+    env = v3_env({"type": "smddp", "config": {"process_count_per_node": 2,
+                                              "communication_options": {"backend": "nccl"}}})
+    assert select(env) is RunnerType.SMDataParallel
+    assert env.code_dir == "/job/input/data/code"
+    assert env.user_entry_point == "train.py"
+    exported = env.to_env_vars()
+    assert exported["SM_ENTRY_SCRIPT"] == "/job/input/data/code/train.py"
+    assert exported["SM_DRIVER_DIR"] == "/job/input/data/sm_drivers/distributed_drivers"
+    from training_toolkit.runners import smddp
+    assert smddp.requested_backend(env) == "nccl"
+    launch = smddp.plan(env, "train.py", [])
+    assert launch.status["communication_backend"] == "nccl"
+    assert launch.user_env["SMDATAPARALLEL_USE_HOMOGENEOUS"] == "1"
+    assert "--host" in launch.command.argv and "algo-1:2,algo-2:2" in launch.command.argv
+
+
+def test_sdk_flat_distributed_json_is_understood():
+    env = v3_env({"_type": "mpi", "process_count_per_node": 3,
+                  "mpi_additional_options": ["--verbose"]})
+    assert select(env) is RunnerType.MPI
+    settings = mpi.MpiSettings(env, {})
+    assert settings.per_host == 3 and settings.custom == ["--verbose"]
+
+
+def test_torchrun_plan_multi_node_and_efa():
+    from training_toolkit.runners import torchrun
+
+    rc = dict(RC, current_host="algo-2", current_instance_type="ml.p4d.24xlarge")
+    env = v3_env({"type": "torchrun", "config": {"process_count_per_node": 8,
+                                                 "max_restarts": 2}}, rc=rc)
+    launch = torchrun.plan(env, "train.py", ["--lr", "1"])
+    argv = list(launch.command.argv)
+    i = argv.index("--nnodes")
+    assert argv[i:i + 8] == ["--nnodes", "2", "--node_rank", "1", "--master_addr", "algo-1",
+                             "--master_port", "7777"]
+    assert argv[argv.index("--nproc_per_node") + 1] == "8"
+    assert argv[argv.index("--max-restarts") + 1] == "2"
+    assert argv[-3:] == ["train.py", "--lr", "1"]
+    assert launch.role == "worker"
+    for key, value in (("FI_PROVIDER", "efa"), ("NCCL_PROTO", "simple"),
+                       ("FI_EFA_USE_DEVICE_RDMA", "1"), ("RDMAV_FORK_SAFE", "1"),
+                       ("NCCL_SOCKET_IFNAME", "eth0")):
+        assert launch.user_env[key] == value
+    single = torchrun.plan(v3_env({"type": "torchrun", "config": {}},
+                                  rc={"current_host": "algo-1", "hosts": ["algo-1"]}),
+                           "train.py", [])
+    assert "--standalone" in single.command.argv
