@@ -719,18 +719,17 @@ class SimCluster:
             raise SimClusterError("simulated cluster is closed")
 
     def command(self, host, argv, cwd=None):
-        """The argv that runs ``argv`` inside ``host`` (all its namespaces).
-        ``argv`` may be a string: it is run with ``sh -c``. The working
-        directory is ``cwd`` (a path as seen in the host) if given, else the
-        caller's cwd if it exists in the host, else ``/``."""
+        """The argv that runs ``argv`` (a list, never a shell line) inside
+        ``host`` (all its namespaces). The working directory is ``cwd`` (a
+        path as seen in the host) if given, else the caller's cwd if it exists
+        in the host, else ``/``. A fixed `sh` script changes to it once inside
+        the mount namespace (nsenter here has no --wdns) and execs argv, which
+        it receives as positional parameters, uninterpreted."""
         self._check_host(host)
         self._require_started()
-        if isinstance(argv, (str, bytes)):
-            argv = ["/bin/sh", "-c", argv]
-        else:
-            argv = [os.fspath(a) for a in argv]
-        if not argv:
-            raise ValueError("empty argv")
+        if isinstance(argv, (str, bytes)) or not argv:
+            raise ValueError("argv must be a non-empty list")
+        argv = [os.fspath(a) for a in argv]
         if cwd is None:
             try:
                 cwd, script = os.getcwd(), _CD_LENIENT
