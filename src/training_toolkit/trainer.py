@@ -6,7 +6,6 @@ honest verdict: `success` or `failure`, `status.json`, and the exit code.
 import os
 import signal
 import sys
-import traceback
 
 from . import entry_point, log, params
 from .environment import Environment
@@ -91,6 +90,8 @@ def train():
         return _fail(reporter, ClientError("the framework hook exited with code %d" % code,
                                            exit_code=code))
     except Exception:
+        import traceback
+
         if hook:
             error = ClientError("the framework hook %s failed:\n%s"
                                 % (hook, traceback.format_exc()))
