@@ -99,6 +99,20 @@ def main():
             named = all("rank 3 on algo-2" in job.read(h, "output", "failure") for h in job.hosts)
             spans.append(span)
             rows.append([i + 1, "%.2f s" % span, json.dumps(codes), named])
+        # The same failure with torchrun started by hand (one run, capped).
+        os.unlink(job.path("algo-2", "model", "failed-at"))
+        hand_env = job.env(SM_MODEL_DIR="/opt/ml/model")
+        procs = [job.cluster.popen(h, ["timeout", "120", "torchrun", "--nnodes", "2",
+                                       "--nproc_per_node", "2", "--node_rank", str(i),
+                                       "--master_addr", "algo-1", "--master_port", "29499",
+                                       "train.py"], env=hand_env, cwd=job.src,
+                                   stdout=open(os.devnull, "w"), stderr=open(os.devnull, "w"))
+                 for i, h in enumerate(job.hosts)]
+        codes = [p.wait() for p in procs]
+        offset = time.time() - time.monotonic()
+        failed_at = float(job.read("algo-2", "model", "failed-at"))
+        rows.append(["by hand", "%.2f s" % (time.monotonic() + offset - failed_at),
+                     json.dumps(dict(zip(job.hosts, codes))), "-"])
     common.table(["run", "rank exit -> last host exit", "exit codes", "failure names rank"], rows)
     med = common.median(spans)
     print("median: %.2f s (target <= %.1f s): %s" % (med, FAIL_FAST_TARGET_S,
