@@ -9,6 +9,7 @@ import stat
 from . import log, params
 from .environment import Environment
 from .errors import CodeNotFoundError, ConfigError, ExecuteUserScriptError
+from .paths import is_populated
 from .report import Reporter
 from .runners import RunnerType, load
 from .runners.plan import COMMAND, PYTHON_PACKAGE, entry_kind
@@ -32,8 +33,10 @@ def _phase(reporter, name, fn, *args, **kwargs):
 
 
 def fetch(env, uri):
-    """Bring the code to env.code_dir unless it is already there."""
-    if not uri or os.path.abspath(str(uri)) == os.path.abspath(env.code_dir):
+    """Bring the code to env.code_dir unless it is already there (code baked
+    into the image, or fetched by an earlier step)."""
+    if not uri or os.path.abspath(str(uri)) == os.path.abspath(env.code_dir) or \
+            is_populated(env.code_dir):
         return
     from .fetch import fetch_code
 

@@ -6,7 +6,6 @@ Every exported name comes from `EXPORTED`, below. Reading the files happens in
 """
 import json
 import os
-import shutil
 
 from . import params, resources
 from .errors import ConfigError
@@ -222,8 +221,8 @@ class Environment:
             num_gpus=resources.num_gpus(),
             num_neurons=resources.num_neurons(),
             is_modelparallel_enabled=bool(mp_parameters) and mp_parameters not in ("{}", {}),
-            is_smddprun_installed=shutil.which("smddprun") is not None,
-            is_smddpmprun_installed=shutil.which("smddpmprun") is not None,
+            is_smddprun_installed=resources.which("smddprun") is not None,
+            is_smddpmprun_installed=resources.which("smddpmprun") is not None,
         )
         values["user_args"] = params.to_cmd_args(user_hps)
         values["training_env"] = {name: values[name] for name in TRAINING_ENV_FIELDS}

@@ -25,6 +25,7 @@ import time
 import zlib
 
 from . import errors
+from .paths import is_populated
 from . import log as toolkit_log
 
 DEADLINE_ENV = "TRAINING_TOOLKIT_FETCH_DEADLINE_S"
@@ -89,7 +90,7 @@ def fetch_code(uri, code_dir, *, endpoint_url=None, region=None, deadline_s=None
     passed). Each names the URI.
     """
     log = log or toolkit_log.info
-    if _is_populated(code_dir):
+    if is_populated(code_dir):
         return "code dir already populated"
     if uri.startswith("s3://"):
         return _fetch_s3(uri, code_dir, endpoint_url, region, deadline_s, log)
@@ -101,14 +102,6 @@ def fetch_code(uri, code_dir, *, endpoint_url=None, region=None, deadline_s=None
     if os.path.isfile(path):
         return _extract_local(path, code_dir, uri)
     raise errors.CodeNotFoundError("code not found: %s does not exist" % uri, uri)
-
-
-def _is_populated(code_dir):
-    try:
-        with os.scandir(code_dir) as entries:
-            return any(True for _ in entries)
-    except (FileNotFoundError, NotADirectoryError):
-        return False
 
 
 def _env_seconds(name, default):

@@ -8,6 +8,16 @@ import os
 DEFAULT_BASE_DIR = "/opt/ml"
 
 
+def is_populated(directory):
+    """Whether `directory` exists and holds anything (code baked into the
+    image counts: nothing is fetched over it)."""
+    try:
+        with os.scandir(directory) as entries:
+            return any(True for _ in entries)
+    except OSError:
+        return False
+
+
 class JobPaths:
     """Paths of one job tree. Cheap to build; touches no file."""
 

@@ -84,6 +84,17 @@ def signal_tree(root_pid, sig, pgid=None, exclude=()):
     return hit
 
 
+def alive(pid):
+    """True for a live process; False for a gone or zombie one (a zombie
+    keeps its pid until reaped, but it has ended)."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] != b"Z"
+
+
 def kill_tree(pid, sig):
     """Send `sig` to `pid` and its descendants (for trees that are not ours,
     such as sshd or a rank started by orted)."""

@@ -2,17 +2,26 @@
 MPI wrapper on remote ranks reads the exported values instead of probing."""
 import json
 import os
-import shutil
 import subprocess
 
 _cache = {}
+
+
+def which(program):
+    """The path of an executable on PATH, or None (shutil.which without the
+    cost of importing shutil on `train`'s start-up path)."""
+    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(directory or ".", program)
+        if os.access(path, os.X_OK) and not os.path.isdir(path):
+            return path
+    return None
 
 
 def _probe(name, argv, parse):
     if name in _cache:
         return _cache[name]
     count = 0
-    if shutil.which(argv[0]):
+    if which(argv[0]):
         try:
             out = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                  timeout=30, check=False).stdout

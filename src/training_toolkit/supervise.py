@@ -16,9 +16,9 @@ from . import proctree
 
 TAIL_BYTES = 64 * 1024
 READ_CHUNK = 1 << 16
-# Writes up to PIPE_BUF bytes are atomic on a pipe: relayed stderr goes out in
-# line-aligned pieces no larger than this, so that lines never interleave
-# with the user's stdout when both streams share one pipe.
+# Writes up to PIPE_BUF bytes are atomic on a pipe: when stdout and stderr
+# share one pipe (or file), relayed stderr goes out in line-aligned pieces no
+# larger than this, so that lines never interleave with the user's stdout.
 ATOMIC_WRITE = 4096
 # A line longer than this is flushed in pieces rather than held in memory.
 MAX_HELD_LINE = 8 << 20
@@ -48,6 +48,15 @@ def exit_code_of(returncode):
     return 128 - returncode if returncode < 0 else returncode
 
 
+def shares_destination(fd_a, fd_b):
+    """Whether two fds lead to the same pipe, file or terminal."""
+    try:
+        a, b = os.fstat(fd_a), os.fstat(fd_b)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 class LineRelay(threading.Thread):
     """Copies a pipe to `out_fd` in whole lines and keeps the last TAIL_BYTES.
     `transform`, if given, rewrites each block of whole lines (the MPI runner
@@ -60,6 +69,7 @@ class LineRelay(threading.Thread):
         self.transform = transform
         self.line_at_a_time = line_at_a_time or bool(tag)
         self.tag = tag
+        self.atomic_pieces = shares_destination(1, 2)
         self.tail = bytearray()
 
     def run(self):
@@ -96,7 +106,7 @@ class LineRelay(threading.Thread):
             # then sees every line whole.
             for line in block.splitlines(keepends=True):
                 self._write(self.tag + line if self.tag else line)
-        elif len(block) <= ATOMIC_WRITE:
+        elif len(block) <= ATOMIC_WRITE or not self.atomic_pieces:
             self._write(block)
         else:
             self._write_atomic_pieces(block)

@@ -156,7 +156,9 @@ class MpiJob:
         self.coordinator = None
         self._kill_timer = None
         self.user_env = user_env
-        os.makedirs(ranks_dir(env), exist_ok=True)
+        # Pid files of an earlier run in this job tree name processes that are gone.
+        shutil.rmtree(ranks_dir(env), ignore_errors=True)
+        os.makedirs(ranks_dir(env))
 
     def _write_rank_env(self, report_address):
         """The environment of this host's ranks, readable by root only: it
@@ -181,6 +183,9 @@ class MpiJob:
         self.coordinator = master = JobMaster(self.settings.control_port, workers,
                                               self._stop_local_ranks)
         self._write_rank_env(master.report_address())
+        # The first failing rank stops the ranks on every host at once, rather
+        # than waiting for OpenMPI's own abort (a second between its signals).
+        master.fail_fast()
         if workers:
             self._wait_for_workers(workers)
         else:
@@ -268,14 +273,11 @@ class MpiJob:
             self._kill_timer.start()
 
     def _alive_local_ranks(self):
-        alive = []
-        for pid in self._local_rank_pids():
-            try:
-                os.kill(pid, 0)
-                alive.append(pid)
-            except OSError:
-                pass
-        return alive
+        # Ranks orphaned by a killed wrapper are reparented to us (a
+        # subreaper): collect them, and do not count zombies as alive.
+        running = self.supervisor.proc
+        proctree.reap_leftovers(self.supervisor.services | ({running.pid} if running else set()))
+        return [pid for pid in self._local_rank_pids() if proctree.alive(pid)]
 
     def cleanup(self):
         """No rank, orted session or sshd of this job outlives `train`."""

@@ -1,0 +1,136 @@
+"""Shared helpers for the benchmarks: clean environments, timing of command
+lines, contenders run alternately, and small text tables.
+
+Every benchmark times whole processes from the outside (Popen to exit), so
+the interpreter that runs the benchmark itself does not matter; the
+contenders run from the virtual environments given with --ours-venv and
+--ref-venv.
+"""
+import argparse
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+OURS_VENV = "/opt/tt-bench"
+REF_VENV = "/opt/ref"
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORK = os.path.join(HERE, ".work")  # job trees and scripts (git-ignored)
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def parser(description, runs):
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--ours-venv", default=OURS_VENV, help="venv with training-toolkit installed")
+    p.add_argument("--ref-venv", default=REF_VENV, help="venv with sagemaker-training installed")
+    p.add_argument("--runs", type=int, default=runs, help="timed runs per contender")
+    p.add_argument("--no-ref", action="store_true", help="skip the reference toolkit")
+    return p
+
+
+def print_command():
+    print("$ " + shlex.join([sys.executable] + sys.argv), flush=True)
+
+
+def clean_env(venv=None, **extra):
+    """A minimal environment: no PYTHONUNBUFFERED/PYTHONPATH/... from the
+    caller's shell, the venv's bin first on PATH."""
+    path = SYSTEM_PATH if venv is None else os.path.join(venv, "bin") + ":" + SYSTEM_PATH
+    env = {"PATH": path, "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8"}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def fresh_dir(*parts):
+    path = os.path.join(WORK, *parts)
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    return path
+
+
+def write(path, text, mode=0o644):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, mode)
+    return path
+
+
+def timed(argv, check=True, **popen_kwargs):
+    """Wall seconds of one run of `argv` (Popen to exit)."""
+    popen_kwargs.setdefault("stdin", subprocess.DEVNULL)
+    popen_kwargs.setdefault("stdout", subprocess.DEVNULL)
+    popen_kwargs.setdefault("stderr", subprocess.DEVNULL)
+    t0 = time.perf_counter()
+    code = subprocess.Popen(argv, **popen_kwargs).wait()
+    elapsed = time.perf_counter() - t0
+    if check and code != 0:
+        raise SystemExit("exit code %d from %s" % (code, shlex.join(argv)))
+    return elapsed
+
+
+def timed_pipe(argv, stream="stdout", reader=("cat",), **popen_kwargs):
+    """Wall seconds of `argv` with its `stream` (stdout or stderr) piped into
+    `cat >/dev/null` (the other stream goes to /dev/null), until both end."""
+    cat = subprocess.Popen(list(reader), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    other = subprocess.DEVNULL
+    streams = {"stdout": cat.stdin, "stderr": other} if stream == "stdout" else \
+              {"stdout": other, "stderr": cat.stdin}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, **streams, **popen_kwargs)
+    cat.stdin.close()
+    code = proc.wait()
+    cat.wait()
+    elapsed = time.perf_counter() - t0
+    if code != 0:
+        raise SystemExit("exit code %d from %s" % (code, shlex.join(argv)))
+    return elapsed
+
+
+def alternate(contenders, runs, warmup=1, before_each=None):
+    """Run every contender `warmup` untimed times, then `runs` timed times,
+    interleaved and in a rotating order (run i starts with contender i mod n).
+    `contenders` maps name -> zero-argument callable returning seconds.
+    Returns name -> list of seconds."""
+    names = list(contenders)
+    for _ in range(warmup):
+        for name in names:
+            if before_each:
+                before_each(name)
+            contenders[name]()
+    times = {name: [] for name in names}
+    for i in range(runs):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            if before_each:
+                before_each(name)
+            times[name].append(contenders[name]())
+        print("  run %d/%d: %s" % (i + 1, runs, "  ".join(
+            "%s %.3f" % (n, times[n][-1]) for n in names)), file=sys.stderr, flush=True)
+    return times
+
+
+def median(xs):
+    return statistics.median(xs)
+
+
+def table(headers, rows):
+    """Print an aligned plain-text table (also valid Markdown)."""
+    cells = [list(map(str, headers))] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
+    print(line(cells[0]))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in cells[1:]:
+        print(line(r))
+    sys.stdout.flush()
+
+
+def verdict(ok):
+    return "PASS" if ok else "FAIL"
+
+
+def ms(seconds):
+    return "%.1f ms" % (seconds * 1000)
