@@ -116,6 +116,12 @@ class MasterControl:
         if failure:
             self.on_failure(*failure)
 
+    def rank_failed(self, rank, host, exit_code):
+        """A failure learnt some other way than the rank's own report (the
+        MPI runner reads mpirun's MPI_ABORT notice)."""
+        self._handle({"type": "rank_exit", "rank": rank, "host": host,
+                      "exit_code": exit_code}, None)
+
     def exited_ranks(self):
         with self._cond:
             return {rank for _, rank, _, _ in self.exits}

@@ -48,12 +48,16 @@ class JobMaster:
             raise ClusterError("workers did not report to the master before the deadline: %s "
                                "(is `train` running there?)" % ", ".join(missing))
 
-    def fail_fast(self):
-        """On the first failing rank anywhere, stop the job on every host."""
+    def fail_fast(self, grace=ABORT_GRACE_S, stop_here=None):
+        """On the first failing rank anywhere, stop the job on every host:
+        SIGTERM, then SIGKILL after `grace`. `stop_here` stops this host's
+        part (default: `stop_local`)."""
+        stop_here = stop_here or self.stop_local
+
         def on_failure(rank, host, code):
             self.control.broadcast({"type": "abort", "rank": rank, "host": host,
-                                    "exit_code": code})
-            self.stop_local(signal.SIGTERM, ABORT_GRACE_S)
+                                    "exit_code": code, "grace": grace})
+            stop_here(signal.SIGTERM, grace)
 
         self.control.on_failure = on_failure
 
@@ -123,7 +127,7 @@ class JobWorker:
                                 msg.get("grace", self.grace))
             elif kind == "abort":
                 self.verdict = msg
-                self.stop_local(signal.SIGTERM, ABORT_GRACE_S)
+                self.stop_local(signal.SIGTERM, msg.get("grace", ABORT_GRACE_S))
             elif kind == "verdict":
                 self.verdict = msg
                 break

@@ -34,6 +34,11 @@ MPI_OPTIONS = (
     "-mca", "btl_vader_single_copy_mechanism", "none",
 )
 _TAG = re.compile(rb"^\[\d+,(\d+)\]<(stdout|stderr)>:", re.M)
+# A rank that calls MPI_Abort (as `python -m mpi4py` does on an uncaught
+# error) stays blocked until OpenMPI kills it, seconds later; mpirun says so at
+# once, and that notice starts the fail-fast.
+_ABORT = re.compile(rb"MPI_ABORT was invoked on rank (\d+) in communicator \S+\s+"
+                    rb"with errorcode (\d+)")
 
 
 class MpiSettings:
@@ -183,9 +188,10 @@ class MpiJob:
         self.coordinator = master = JobMaster(self.settings.control_port, workers,
                                               self._stop_local_ranks)
         self._write_rank_env(master.report_address())
-        # The first failing rank stops the ranks on every host at once, rather
-        # than waiting for OpenMPI's own abort (a second between its signals).
-        master.fail_fast()
+        # The first failing rank stops the ranks on every host at once, and
+        # mpirun with them, rather than waiting for OpenMPI's own abort (which
+        # takes seconds to wind down a job).
+        master.fail_fast(grace=0.5, stop_here=self._abort_here)
         if workers:
             self._wait_for_workers(workers)
         else:
@@ -218,8 +224,17 @@ class MpiJob:
         if errors:
             raise errors[0]
 
+    def _abort_here(self, sig, grace):
+        self._stop_local_ranks(sig, grace)
+        self.supervisor.stop(sig, grace)
+
     def _tag(self, block):
         hosts = self.coordinator.control.rank_hosts
+        aborted = _ABORT.search(block)
+        if aborted:
+            rank = int(aborted.group(1))
+            self.coordinator.control.rank_failed(
+                rank, hosts.get(rank) or self.settings.rank_host(rank), int(aborted.group(2)))
 
         def name(match):
             rank = int(match.group(1))
@@ -294,7 +309,20 @@ class MpiJob:
                 os.waitpid(self.sshd_pid, 0)
             except ChildProcessError:
                 pass
+            self._end_daemons(2.0)
         self.supervisor.on_terminate = None
+
+    def _end_daemons(self, timeout):
+        """OpenMPI's orted daemonizes on a worker and, since `train` is a
+        subreaper, becomes our child: let it finish, then end what is left."""
+        def leftovers():
+            proctree.reap_leftovers()
+            return [pid for pid in proctree.descendants(os.getpid()) if proctree.alive(pid)]
+
+        if not wait_until(lambda: not leftovers(), timeout):
+            for pid in leftovers():
+                proctree.kill_tree(pid, signal.SIGKILL)
+            wait_until(lambda: not leftovers(), 1.0)
 
 
 def rank_lines(tail, rank):
