@@ -309,20 +309,23 @@ class MpiJob:
                 os.waitpid(self.sshd_pid, 0)
             except ChildProcessError:
                 pass
-            self._end_daemons(2.0)
+            self._end_daemons()
         self.supervisor.on_terminate = None
 
-    def _end_daemons(self, timeout):
+    def _end_daemons(self):
         """OpenMPI's orted daemonizes on a worker and, since `train` is a
-        subreaper, becomes our child: let it finish, then end what is left."""
+        subreaper, becomes our child. The job is over: give it a moment to
+        leave by itself, then SIGTERM, then SIGKILL."""
         def leftovers():
             proctree.reap_leftovers()
             return [pid for pid in proctree.descendants(os.getpid()) if proctree.alive(pid)]
 
-        if not wait_until(lambda: not leftovers(), timeout):
-            for pid in leftovers():
-                proctree.kill_tree(pid, signal.SIGKILL)
-            wait_until(lambda: not leftovers(), 1.0)
+        for sig, wait in ((None, 0.2), (signal.SIGTERM, 0.5), (signal.SIGKILL, 1.0)):
+            if sig is not None:
+                for pid in leftovers():
+                    proctree.kill_tree(pid, sig)
+            if wait_until(lambda: not leftovers(), wait):
+                return
 
 
 def rank_lines(tail, rank):
