@@ -48,7 +48,6 @@ class MasterControl:
         self.workers = set(workers)
         self.links = {}          # worker host -> socket
         self.rank_hosts = {}     # rank -> host
-        self.rank_pids = {}      # rank -> pid on its host
         self.exits = []          # (monotonic time, rank, host, exit code)
         self.tails = {}          # rank -> end of its stderr, as reported
         self.host_failures = {}  # worker host -> exit code of its local launcher
@@ -98,7 +97,6 @@ class MasterControl:
                 self.links[msg["host"]] = conn
             elif kind == "rank_start":
                 self.rank_hosts[int(msg["rank"])] = msg["host"]
-                self.rank_pids[int(msg["rank"])] = msg.get("pid")
             elif kind == "rank_exit":
                 code = int(msg["exit_code"])
                 self.exits.append((time.monotonic(), int(msg["rank"]), msg["host"], code))
@@ -121,10 +119,6 @@ class MasterControl:
         MPI runner reads mpirun's MPI_ABORT notice)."""
         self._handle({"type": "rank_exit", "rank": rank, "host": host,
                       "exit_code": exit_code}, None)
-
-    def exited_ranks(self):
-        with self._cond:
-            return {rank for _, rank, _, _ in self.exits}
 
     def wait_for_exits(self, count, deadline):
         """Wait until `count` ranks reported their exit (or a failure)."""

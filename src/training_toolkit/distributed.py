@@ -19,7 +19,6 @@ from .paths import JobPaths
 # Where the drivers live in the job tree (the released SDK's name; the seed
 # called it `drivers`).
 DRIVERS_SUBDIR = "distributed_drivers"
-BUILTIN_TYPES = ("torchrun", "mpi", "smddp")
 
 
 class ConfigValidationError(ConfigError, ValueError):
