@@ -1,28 +1,30 @@
 """Installing the user's dependencies: `requirements.txt`, or the code dir as
 a package when it holds setup.py / pyproject.toml."""
 import os
-import re
 import sys
 
 from .errors import InstallModuleError, InstallRequirementsError
 
-# pip's ways of naming the requirement it could not satisfy.
+# pip's ways of naming the requirement it could not satisfy (compiled only
+# when an install failed: not on `train`'s start-up path).
 _FAILED_REQUIREMENT = (
-    re.compile(r"No matching distribution found for (\S+)"),
-    re.compile(r"Could not find a version that satisfies the requirement (\S+)"),
-    re.compile(r"Invalid requirement: '?([^'\n]+)'?"),
-    re.compile(r"Failed to build (\S+)"),
-    re.compile(r"Failed building wheel for (\S+)"),
-    re.compile(r"Could not install packages due to an OSError.*?'([^']+)'"),
-    re.compile(r"ERROR: (?:Directory|File) '?([^' ]+)'? (?:does not appear|is not)"),
+    r"No matching distribution found for (\S+)",
+    r"Could not find a version that satisfies the requirement (\S+)",
+    r"Invalid requirement: '?([^'\n]+)'?",
+    r"Failed to build (\S+)",
+    r"Failed building wheel for (\S+)",
+    r"Could not install packages due to an OSError.*?'([^']+)'",
+    r"ERROR: (?:Directory|File) '?([^' ]+)'? (?:does not appear|is not)",
 )
 
 
 def failed_requirement(pip_stderr):
     """The requirement pip names as the one that failed, or None."""
+    import re
+
     text = pip_stderr.decode("utf-8", "replace") if isinstance(pip_stderr, bytes) else pip_stderr
     for pattern in _FAILED_REQUIREMENT:
-        found = pattern.findall(text)
+        found = re.findall(pattern, text)
         if found:
             return found[-1].rstrip(".,;")
     return None
