@@ -11,7 +11,7 @@ from .environment import Environment
 from .errors import CodeNotFoundError, ConfigError, ExecuteUserScriptError
 from .paths import is_populated
 from .report import Reporter
-from .runners import RunnerType, load
+from .runners import RunnerType, load, load_for
 from .runners.plan import COMMAND, PYTHON_PACKAGE, entry_kind
 from .supervise import Supervisor
 
@@ -90,20 +90,21 @@ def plan(env, entry_point=None, args=None, runner_type=None, env_vars=None, extr
 
 
 def execute(env, supervisor, reporter, uri=None, entry_point=None, args=None,
-            runner_type=None, env_vars=None, extra_opts=None):
+            runner_type=None, env_vars=None, extra_opts=None, wait=True):
     """Fetch, install and run; returns the Outcome of a successful run and
-    raises ExecuteUserScriptError for a failed one."""
-    from .runners import select
-
-    runner_type = runner_type or select(env)
+    raises ExecuteUserScriptError for a failed one. With wait=False, returns
+    the started process of a single-process plan instead."""
     entry_point = entry_point or env.user_entry_point
+    args = env.to_cmd_args() if args is None else list(args)
     uri = env.module_dir if uri is None else uri
     _phase(reporter, "fetch", fetch, env, uri)
     _phase(reporter, "install", install, env, supervisor)
     check_entry_point(env, entry_point)
-    runner = load(runner_type)
-    args = env.to_cmd_args() if args is None else list(args)
     launch = plan(env, entry_point, args, runner_type, env_vars, extra_opts)
+    if not wait:
+        cmd = launch.command
+        return supervisor.start(cmd.argv, env=cmd.full_env(), cwd=cmd.cwd, relay_stderr=False)
+    runner = load_for(launch)
     command = launch.command.shell_line() if launch.command else None
     reporter.set(runner=launch.runner, role=launch.role, command=command, **launch.status)
     log.info("running %s (%s runner, %s): %s" % (entry_point, launch.runner, launch.role,
@@ -126,12 +127,5 @@ def run(uri, user_entry_point, args, env_vars=None, wait=True, capture_error=Fal
     env = Environment.read()
     supervisor = _job["supervisor"] or Supervisor()
     reporter = _job["reporter"] or Reporter(env.paths)
-    if not wait:
-        fetch(env, uri)
-        install(env, supervisor)
-        check_entry_point(env, user_entry_point)
-        launch = plan(env, user_entry_point, args, runner_type, env_vars, extra_opts)
-        cmd = launch.command
-        return supervisor.start(cmd.argv, env=cmd.full_env(), cwd=cmd.cwd, relay_stderr=False)
     return execute(env, supervisor, reporter, uri=uri, entry_point=user_entry_point, args=args,
-                   runner_type=runner_type, env_vars=env_vars, extra_opts=extra_opts)
+                   runner_type=runner_type, env_vars=env_vars, extra_opts=extra_opts, wait=wait)

@@ -69,7 +69,8 @@ class LineRelay(threading.Thread):
         self.transform = transform
         self.line_at_a_time = line_at_a_time or bool(tag)
         self.tag = tag
-        self.atomic_pieces = shares_destination(1, 2)
+        # Only stderr shares a destination with the user's own stdout.
+        self.atomic_pieces = out_fd == 2 and shares_destination(1, 2)
         self.tail = bytearray()
 
     def run(self):
@@ -142,6 +143,36 @@ class LineRelay(threading.Thread):
         return bytes(self.tail[-TAIL_BYTES:])
 
 
+class KillTimer:
+    """Runs `action` (a SIGKILL) once, `grace` seconds after arm(); a later
+    arm() with a sooner deadline brings it forward (an abort after a stop
+    request must not wait out the longer grace)."""
+
+    def __init__(self, action):
+        self.action = action
+        self._timer = None
+        self._due = None
+        self._lock = threading.Lock()
+
+    def arm(self, grace):
+        due = time.monotonic() + grace
+        with self._lock:
+            if self._due is not None and self._due <= due:
+                return
+            if self._timer is not None:
+                self._timer.cancel()
+            self._due = due
+            self._timer = threading.Timer(grace, self.action)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def cancel(self):
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self._due = None
+
+
 class Supervisor:
     """Runs commands one at a time as killable units.
 
@@ -154,7 +185,7 @@ class Supervisor:
         self.grace_seconds = grace_seconds
         self.proc = None
         self.terminating = False
-        self._kill_timer = None
+        self._killer = None
         # pids of services the toolkit runs itself (sshd): not part of a job.
         self.services = set()
         self._not_ours = set()
@@ -203,9 +234,9 @@ class Supervisor:
         for relay in self._relays.values():
             relay.join()
         tail = self._relays["stderr"].tail_bytes() if "stderr" in self._relays else b""
-        if self._kill_timer is not None:
-            self._kill_timer.cancel()
-            self._kill_timer = None
+        if self._killer is not None:
+            self._killer.cancel()
+            self._killer = None
         self.proc = None
         return Outcome(exit_code_of(returncode), tail, self.terminating)
 
@@ -231,10 +262,9 @@ class Supervisor:
         if proc is None:
             return
         proctree.signal_tree(proc.pid, sig, pgid=proc.pid, exclude=self._not_ours)
-        if self._kill_timer is None:
-            self._kill_timer = threading.Timer(grace, self._kill, args=(proc,))
-            self._kill_timer.daemon = True
-            self._kill_timer.start()
+        if self._killer is None:
+            self._killer = KillTimer(lambda: self._kill(proc))
+        self._killer.arm(grace)
 
     def _kill(self, proc):
         proctree.signal_tree(proc.pid, signal.SIGKILL, pgid=proc.pid, exclude=self._not_ours)

@@ -49,6 +49,11 @@ def select(env):
     return RunnerType.Process
 
 
+def load_for(launch):
+    """The runner module that made `launch` (each plan carries its name)."""
+    return importlib.import_module("." + launch.runner, __name__)
+
+
 def load(runner_type):
     """The runner module for a RunnerType (imported only when used)."""
     from ..errors import ConfigError

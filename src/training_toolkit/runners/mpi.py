@@ -22,6 +22,7 @@ import time
 from .. import control, log, params, proctree, resources, ssh
 from .. import rank as rank_wrapper
 from ..errors import ClusterError, ConfigError, MissingProgramError
+from ..supervise import KillTimer
 from .coordination import JobMaster, JobWorker, wait_until
 from .plan import Command, LaunchPlan, PYTHON_PROGRAM, base_env, entry_kind, program_argv
 
@@ -159,7 +160,7 @@ class MpiJob:
         self.deadline = time.monotonic() + ssh.deadline_seconds(os.environ)
         self.sshd_pid = None
         self.coordinator = None
-        self._kill_timer = None
+        self._killer = KillTimer(lambda: self._signal_local_ranks(signal.SIGKILL))
         self.user_env = user_env
         # Pid files of an earlier run in this job tree name processes that are gone.
         shutil.rmtree(ranks_dir(env), ignore_errors=True)
@@ -281,11 +282,7 @@ class MpiJob:
 
     def _stop_local_ranks(self, sig, grace):
         self._signal_local_ranks(sig)
-        if self._kill_timer is None:
-            self._kill_timer = threading.Timer(grace, self._signal_local_ranks,
-                                               args=(signal.SIGKILL,))
-            self._kill_timer.daemon = True
-            self._kill_timer.start()
+        self._killer.arm(grace)
 
     def _alive_local_ranks(self):
         # Ranks orphaned by a killed wrapper are reparented to us (a
@@ -298,8 +295,7 @@ class MpiJob:
         """No rank, orted session or sshd of this job outlives `train`."""
         if self._alive_local_ranks():
             self._signal_local_ranks(signal.SIGKILL)
-        if self._kill_timer is not None:
-            self._kill_timer.cancel()
+        self._killer.cancel()
         if isinstance(self.coordinator, JobMaster):
             self.coordinator.close()
         if self.sshd_pid is not None:
