@@ -141,6 +141,45 @@ def test_shell_entry_point_receives_args(tmp_path):
         "--msg", "hello world; $HOME", "-n", "2", "host=algo-1"]
 
 
+def test_shell_entry_point_without_shebang_runs_with_sh(tmp_path):
+    job = Job(tmp_path, {"run.sh": 'echo "args: $*" > "$SM_MODEL_DIR/args.txt"\n'},
+              entry_point="run.sh", hyperparameters={"n": 2})
+    r = job.run()
+    assert r.returncode == 0, r.stderr.decode()
+    assert job.read("model", "args.txt") == "args: -n 2\n"
+
+
+def test_missing_interpreter_names_the_entry_point(tmp_path):
+    job = Job(tmp_path, {"run.sh": "#!/no/such/interpreter\necho hi\n"}, entry_point="run.sh")
+    r = job.run()
+    assert r.returncode == 69
+    headline = job.failure().splitlines()[0]
+    assert "run.sh" in headline and "#! line" in headline
+    assert job.status()["exit_code"] == 69
+
+
+def test_user_process_gets_default_sigpipe_and_no_extra_fds(tmp_path):
+    # A shell entry point reports on itself: Python would reset SIGPIPE.
+    script = """\
+    #!/bin/sh
+    grep SigIgn /proc/$$/status > "$SM_MODEL_DIR/sigign.txt"
+    ls /proc/$$/fd > "$SM_MODEL_DIR/fds.txt"
+    """
+    job = Job(tmp_path, {"run.sh": script}, entry_point="run.sh")
+    null = os.open(os.devnull, os.O_RDONLY)
+    extra = os.dup2(null, 50)  # handed to `train`; must not reach the user
+    os.close(null)
+    try:
+        r = job.run(pass_fds=(extra,))
+    finally:
+        os.close(extra)
+    assert r.returncode == 0, r.stderr.decode()
+    ignored = int(job.read("model", "sigign.txt").split()[1], 16)
+    assert not ignored & (1 << (signal.SIGPIPE - 1))
+    fds = sorted(int(fd) for fd in job.read("model", "fds.txt").split())
+    assert extra not in fds and fds[:3] == [0, 1, 2], fds
+
+
 @pytest.mark.parametrize("code", [0, 1, 3, 42])
 def test_exit_code_passes_through(tmp_path, code):
     job = Job(tmp_path, {"train.py": "import sys\nprint('bye', file=sys.stderr)\n"
@@ -278,6 +317,24 @@ def test_no_process_outlives_train(tmp_path):
     assert _job_processes(marker) == []
 
 
+def test_user_process_ends_when_train_is_sigkilled(tmp_path):
+    marker = "tt-orphan-%d" % os.getpid()
+    script = """\
+    import os, time
+    open(os.path.join(os.environ["SM_MODEL_DIR"], "ready"), "w").close()
+    time.sleep(300)
+    """
+    job = Job(tmp_path, {"train.py": script}, hyperparameters={"marker": marker})
+    proc = job.popen()
+    _wait_for(os.path.join(job.base, "model", "ready"))
+    proc.kill()
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    while _job_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _job_processes(marker) == []
+
+
 def test_lines_stay_whole_when_stdout_and_stderr_share_a_pipe(tmp_path):
     script = """\
     import sys
@@ -367,6 +424,29 @@ def test_framework_hook(tmp_path):
     r = job.run(env=env)
     assert r.returncode == 7
     assert "ExecuteUserScriptError" in job.failure()
+
+
+def test_framework_hook_run_without_waiting(tmp_path):
+    """run(wait=False) hands back a Popen-like process, as the reference does."""
+    hook_dir = tmp_path / "hook"
+    hook_dir.mkdir()
+    (hook_dir / "async_framework.py").write_text(
+        "import os, signal\n"
+        "from training_toolkit import entry_point, environment\n"
+        "def main():\n"
+        "    env = environment.Environment.read()\n"
+        "    proc = entry_point.run(env.module_dir, env.user_entry_point, [], wait=False)\n"
+        "    assert proc.poll() is None and proc.returncode is None\n"
+        "    proc.send_signal(signal.SIGTERM)\n"
+        "    code = proc.wait(timeout=30)\n"
+        "    with open(os.path.join(env.model_dir, 'code'), 'w') as f:\n"
+        "        f.write('%d %d' % (code, proc.pid))\n")
+    job = Job(tmp_path, {"train.py": "import time\ntime.sleep(60)\n"})
+    r = job.run(env=job.env(SAGEMAKER_TRAINING_MODULE="async_framework:main",
+                            PYTHONPATH=str(hook_dir)))
+    assert r.returncode == 0, r.stderr.decode()
+    code, pid = job.read("model", "code").split()
+    assert int(code) == -signal.SIGTERM and int(pid) > 0
 
 
 def test_framework_hook_that_cannot_be_imported(tmp_path):

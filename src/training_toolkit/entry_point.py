@@ -120,9 +120,9 @@ def execute(env, supervisor, reporter, uri=None, entry_point=None, args=None,
 def run(uri, user_entry_point, args, env_vars=None, wait=True, capture_error=False,
         runner_type=RunnerType.Process, extra_opts=None):
     """Download and install `uri` into the code dir, then run the entry point
-    with `args`. With wait=False, returns the started Popen (unsupervised
-    beyond its own session); with wait=True, returns the Outcome or raises
-    ExecuteUserScriptError. `capture_error` is accepted for compatibility:
+    with `args`. With wait=False, returns the started process, a Popen-like
+    `proctree.Process` (unsupervised beyond its own session); with wait=True,
+    returns the Outcome or raises ExecuteUserScriptError. `capture_error` is accepted for compatibility:
     stderr is always captured (its tail) and relayed."""
     env = Environment.read()
     supervisor = _job["supervisor"] or Supervisor()

@@ -231,11 +231,13 @@ class Environment:
     def _distribution(document, framework_params, paths):
         """The job's DistributedConfig (normalised), from the v3 layout or
         the legacy torch_distributed hyperparameter; None without one."""
-        from .distributed import read_job
-
         if document is not None:
+            from .distributed import read_job
+
             return read_job(document, paths.distributed_config_file)
         if params.is_true(framework_params.get(params.TORCH_DISTRIBUTED_ENABLED)):
+            from .distributed import read_job
+
             count = framework_params.get(params.MPI_PROCESSES_PER_HOST)
             return read_job({"type": "torchrun",
                              "config": {"process_count_per_node": count}},

@@ -2,7 +2,6 @@
 MPI wrapper on remote ranks reads the exported values instead of probing."""
 import json
 import os
-import subprocess
 
 _cache = {}
 
@@ -22,6 +21,8 @@ def _probe(name, argv, parse):
         return _cache[name]
     count = 0
     if which(argv[0]):
+        import subprocess
+
         try:
             out = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                  timeout=30, check=False).stdout

@@ -8,7 +8,6 @@ whole lines only, so it never splits a line against stdout.
 """
 import os
 import signal
-import subprocess
 import threading
 import time
 
@@ -44,7 +43,7 @@ class Outcome:
 
 
 def exit_code_of(returncode):
-    """Popen returncode -> shell-style exit code (signal N -> 128+N)."""
+    """Popen-style returncode -> shell-style exit code (signal N -> 128+N)."""
     return 128 - returncode if returncode < 0 else returncode
 
 
@@ -210,21 +209,27 @@ class Supervisor:
         # Children we already had (a framework's own helpers, sshd) are not
         # part of this command's tree; anything reparented to us later is.
         self._not_ours = self.services | set(proctree.children(os.getpid()))
-        stderr = subprocess.PIPE if relay_stderr else None
-        stdout = subprocess.PIPE if relay_stdout else None
-        self.proc = subprocess.Popen(
-            list(argv), env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=stdout,
-            stderr=stderr, start_new_session=True, preexec_fn=proctree.die_with_parent,
-        )
+        pipes = {name: os.pipe() for name, wanted in (("stdout", relay_stdout),
+                                                      ("stderr", relay_stderr)) if wanted}
+        try:
+            self.proc = proctree.Process(argv, env=env, cwd=cwd,
+                                         stdout=pipes["stdout"][1] if relay_stdout else None,
+                                         stderr=pipes["stderr"][1] if relay_stderr else None)
+        except OSError as e:
+            for read_end, write_end in pipes.values():
+                os.close(read_end)
+                os.close(write_end)
+            from .errors import MissingProgramError
+
+            raise MissingProgramError(e.strerror) from None
         self._relays = {}
-        for name, pipe, out_fd in (("stdout", self.proc.stdout, 1),
-                                   ("stderr", self.proc.stderr, 2)):
-            if pipe is not None:
-                relay = LineRelay(os.dup(pipe.fileno()), out_fd, transform, line_at_a_time,
-                                  (tag or {}).get(out_fd, b""))
-                pipe.close()
-                relay.start()
-                self._relays[name] = relay
+        for name, (read_end, write_end) in pipes.items():
+            os.close(write_end)
+            out_fd = 1 if name == "stdout" else 2
+            relay = LineRelay(read_end, out_fd, transform, line_at_a_time,
+                              (tag or {}).get(out_fd, b""))
+            relay.start()
+            self._relays[name] = relay
         return self.proc
 
     def wait(self):

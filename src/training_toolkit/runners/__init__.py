@@ -1,7 +1,7 @@
 """Runners: each turns the environment into a `LaunchPlan` (pure) and runs it
 under a `Supervisor`. `select()` picks the runner a job asks for."""
 import enum
-import importlib
+import sys
 
 from .. import params
 
@@ -49,9 +49,16 @@ def select(env):
     return RunnerType.Process
 
 
+def _module(name):
+    # __import__ rather than importlib: that one costs `train` its own import.
+    full_name = "%s.%s" % (__name__, name)
+    __import__(full_name)
+    return sys.modules[full_name]
+
+
 def load_for(launch):
     """The runner module that made `launch` (each plan carries its name)."""
-    return importlib.import_module("." + launch.runner, __name__)
+    return _module(launch.runner)
 
 
 def load(runner_type):
@@ -59,7 +66,7 @@ def load(runner_type):
     from ..errors import ConfigError
 
     try:
-        return importlib.import_module("." + _MODULES[runner_type], __name__)
+        return _module(_MODULES[runner_type])
     except ModuleNotFoundError as e:
         if e.name and e.name.startswith(__name__):
             raise ConfigError("the %s runner is not available in this version of "
