@@ -1,0 +1,88 @@
+"""`supervise.LineRelay` on real pipes: everything written comes out, in whole
+lines, whatever the write pattern; the tail is the last 64 KiB."""
+import os
+import threading
+
+from hypothesis import given, settings, strategies as st
+
+from training_toolkit import supervise
+from training_toolkit.supervise import TAIL_BYTES, LineRelay
+
+
+def relay(chunks, **options):
+    """Feed `chunks` through a LineRelay; returns (the output writes, relay)."""
+    src_r, src_w = os.pipe()
+    out_r, out_w = os.pipe()
+    writes = []
+    orig_write = LineRelay._write
+
+    class Recording(LineRelay):
+        def _write(self, data):
+            writes.append(bytes(data))
+            orig_write(self, data)
+
+    r = Recording(src_r, out_w, **options)
+    r.start()
+    drained = []
+    reader = threading.Thread(target=lambda: drained.append(_read_all(out_r)))
+    reader.start()
+    for chunk in chunks:
+        os.write(src_w, chunk)
+    os.close(src_w)
+    r.join()
+    os.close(out_w)
+    reader.join()
+    os.close(out_r)
+    assert b"".join(writes) == drained[0]
+    return writes, r
+
+
+def _read_all(fd):
+    parts = []
+    while True:
+        data = os.read(fd, 1 << 16)
+        if not data:
+            return b"".join(parts)
+        parts.append(data)
+
+
+lines = st.lists(st.binary(max_size=300).map(lambda b: b.replace(b"\n", b"") + b"\n"),
+                 max_size=60)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lines, st.data())
+def test_whole_lines_whatever_the_write_pattern(line_list, data):
+    payload = b"".join(line_list)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(payload)), max_size=10)))
+    chunks = [payload[a:b] for a, b in zip([0] + cuts, cuts + [len(payload)]) if b > a]
+    writes, r = relay(chunks)
+    assert b"".join(writes) == payload
+    assert all(w.endswith(b"\n") for w in writes)
+    assert r.tail_bytes() == payload[-TAIL_BYTES:]
+
+
+def test_unterminated_last_line_is_ended():
+    writes, r = relay([b"one\ntw", b"o"])
+    assert b"".join(writes) == b"one\ntwo\n"
+
+
+def test_lines_longer_than_the_read_buffer_pass_whole():
+    long_line = b"x" * (3 * supervise.READ_CHUNK + 17) + b"\n"
+    writes, r = relay([b"a\n", long_line[:1000], long_line[1000:], b"b\n"])
+    assert b"".join(writes) == b"a\n" + long_line + b"b\n"
+    assert long_line in writes or any(long_line in w for w in writes)
+    assert r.tail_bytes() == (long_line + b"b\n")[-TAIL_BYTES:]
+
+
+def test_a_line_beyond_the_held_limit_is_flushed_in_pieces(monkeypatch):
+    monkeypatch.setattr(supervise, "MAX_HELD_LINE", 2 * supervise.READ_CHUNK)
+    huge = b"y" * (5 * supervise.READ_CHUNK)
+    writes, _ = relay([huge, b"\n"])
+    assert b"".join(writes) == huge + b"\n"
+    assert max(len(w) for w in writes) <= 2 * supervise.READ_CHUNK
+
+
+def test_transform_and_tags_see_whole_lines():
+    writes, _ = relay([b"l1\nl", b"2\n"], transform=lambda block: block.upper(), tag=b"[h,0]:")
+    assert writes == [b"[h,0]:L1\n", b"[h,0]:L2\n"]
