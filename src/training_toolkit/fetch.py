@@ -12,17 +12,15 @@ object ahead of the reader, and tarfile extracts from that stream while the
 download goes on. Transient S3 errors are retried per chunk under one overall
 deadline.
 
-boto3 is imported only when an S3 URI is fetched, to keep this module cheap to
-import.
+boto3 is imported only when an S3 URI is fetched, and tarfile only when an
+archive is extracted, to keep this module cheap to import: a job whose code is
+a local directory only copies it.
 """
 import math
 import os
 import shutil
-import tarfile
-import tempfile
 import threading
 import time
-import zlib
 
 from . import errors
 from .paths import is_populated
@@ -67,9 +65,9 @@ _TRANSIENT_CODES = frozenset(
 )
 _ACCESS_DENIED_CODES = frozenset(("403", "AccessDenied", "Forbidden"))
 _NOT_FOUND_CODES = frozenset(("404", "NoSuchKey", "NoSuchBucket", "NotFound"))
-# tarfile's own safety filter (Python 3.11.4+) as a second line of defence;
+# tarfile's own safety filter (Python 3.11.4+) is a second line of defence;
 # _check_member does not rely on it.
-_TAR_FILTER = "data" if hasattr(tarfile, "data_filter") else None
+_TAR_FILTER = "data"
 
 
 def fetch_code(uri, code_dir, *, endpoint_url=None, region=None, deadline_s=None, log=None):
@@ -152,6 +150,8 @@ def _extract_safely(fileobj, code_dir, uri):
     """Extract the tar stream ``fileobj`` into ``code_dir``; return the member
     count. Extraction goes to a staging dir next to ``code_dir`` (same file
     system, so the final move is a rename) that is removed whatever happens."""
+    import tempfile
+
     code_dir = os.path.abspath(code_dir)
     parent = os.path.dirname(code_dir)
     try:
@@ -171,11 +171,15 @@ def _extract_safely(fileobj, code_dir, uri):
 def _extract_members(fileobj, root, uri):
     """Stream the members of ``fileobj`` into ``root``, refusing unsafe ones;
     return the member count."""
+    import tarfile
+    import zlib
+
     real_root = os.path.realpath(root)
     regular_files = set()  # names of regular files extracted so far: the only valid hard-link targets
     symlinks, directories = [], []
     count = 0
-    filter_kwargs = {"filter": _TAR_FILTER} if _TAR_FILTER else {}
+    filter_kwargs = {"filter": _TAR_FILTER} if hasattr(tarfile, "data_filter") else {}
+    filter_error = getattr(tarfile, "FilterError", ())  # () matches nothing before 3.11.4
     try:
         with tarfile.open(fileobj=fileobj, mode="r|*", bufsize=_TAR_BUFSIZE, copybufsize=_TAR_BUFSIZE) as tar:
             for member in tar:
@@ -198,7 +202,7 @@ def _extract_members(fileobj, root, uri):
             # Like the data filter: no setuid/setgid/sticky, no group/other
             # write; the owner can always enter and write.
             os.chmod(os.path.join(root, member.name), member.mode & 0o755 | 0o700)
-    except tarfile.FilterError as err:
+    except filter_error as err:
         raise _unsafe(uri, err.tarinfo, str(err)) from err
     except (tarfile.TarError, zlib.error, EOFError) as err:
         raise errors.CodeFetchError("%s is not a valid tar.gz archive: %s" % (uri, err), uri) from err
