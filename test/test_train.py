@@ -176,6 +176,7 @@ def test_user_process_gets_default_sigpipe_and_no_extra_fds(tmp_path):
     assert r.returncode == 0, r.stderr.decode()
     ignored = int(job.read("model", "sigign.txt").split()[1], 16)
     assert not ignored & (1 << (signal.SIGPIPE - 1))
+    assert not ignored & (1 << (signal.SIGXFSZ - 1))
     fds = sorted(int(fd) for fd in job.read("model", "fds.txt").split())
     assert extra not in fds and fds[:3] == [0, 1, 2], fds
 

@@ -63,7 +63,12 @@ class Process:
             raise OSError(errno.ENOENT, "cannot start %s: its working directory %s does not exist"
                           % (self.args[0], cwd))
         report_r, report_w = os.pipe()
-        self.pid = os.fork()
+        try:
+            self.pid = os.fork()
+        except OSError:
+            os.close(report_r)
+            os.close(report_w)
+            raise
         if self.pid == 0:  # the child: only os calls from here to exec
             try:
                 os.close(report_r)
@@ -152,9 +157,10 @@ def _start_failure(program, code, detail):
 def _prepare_child(cwd, stdout, stderr, report_fd, max_fd):
     os.setsid()
     die_with_parent()
-    # Python ignores SIGPIPE (and exec keeps ignored signals ignored); the
-    # user's program starts with the default, as under a shell.
+    # Python ignores SIGPIPE and SIGXFSZ, and exec keeps ignored signals
+    # ignored; the user's program starts with the defaults, as under a shell.
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     if stdout is not None:
