@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from training_toolkit.proctree import Process
+from training_toolkit.proctree import Process, StartError
 
 
 def test_exit_status_and_signal_death_read_like_popen():
@@ -39,7 +39,7 @@ def test_script_without_shebang_runs_with_sh(tmp_path):
     (["/bin/true"], "/no/such/dir", errno.ENOENT, "working directory /no/such/dir"),
 ])
 def test_start_failures_raise_with_a_readable_reason(argv, cwd, code, words):
-    with pytest.raises(OSError) as caught:
+    with pytest.raises(StartError) as caught:
         Process(argv, cwd=cwd)
     assert caught.value.errno == code
     assert words in caught.value.strerror and argv[0] in caught.value.strerror
@@ -48,13 +48,13 @@ def test_start_failures_raise_with_a_readable_reason(argv, cwd, code, words):
 def test_not_executable_and_missing_interpreter(tmp_path):
     plain = tmp_path / "data.txt"
     plain.write_text("x")
-    with pytest.raises(OSError) as caught:
+    with pytest.raises(StartError) as caught:
         Process([str(plain)])
     assert caught.value.errno == errno.EACCES and "permission denied" in caught.value.strerror
     script = tmp_path / "run.sh"
     script.write_text("#!/no/such/interpreter\n")
     script.chmod(0o755)
-    with pytest.raises(OSError) as caught:
+    with pytest.raises(StartError) as caught:
         Process([str(script)])
     assert "#! line" in caught.value.strerror
 

@@ -39,6 +39,11 @@ def die_with_parent():
         pass
 
 
+class StartError(OSError):
+    """The program could not be started (not found, not executable, a
+    missing interpreter or working directory); the message says which."""
+
+
 class Process:
     """A command started in its own session, with stdin from /dev/null, the
     given stdout/stderr fds (None: inherited), and SIGTERM if we die.
@@ -60,8 +65,8 @@ class Process:
         candidates = _exec_candidates(self.args[0], env)
         max_fd = os.sysconf("SC_OPEN_MAX")
         if cwd and not os.path.isdir(cwd):
-            raise OSError(errno.ENOENT, "cannot start %s: its working directory %s does not exist"
-                          % (self.args[0], cwd))
+            raise StartError(errno.ENOENT, "cannot start %s: its working directory %s does not exist"
+                             % (self.args[0], cwd))
         report_r, report_w = os.pipe()
         try:
             self.pid = os.fork()
@@ -86,8 +91,8 @@ class Process:
             os.waitpid(self.pid, 0)
             self.returncode = 127
             code, _, message = failure.partition(b":")
-            raise OSError(int(code), _start_failure(self.args[0], int(code),
-                                                    message.decode("utf-8", "replace")))
+            raise StartError(int(code), _start_failure(self.args[0], int(code),
+                                                       message.decode("utf-8", "replace")))
 
     def _status(self, flags):
         if self.returncode is None:

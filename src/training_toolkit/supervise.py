@@ -251,6 +251,8 @@ class Supervisor:
             for read_end, write_end in pipes.values():
                 os.close(read_end)
                 os.close(write_end)
+            if not isinstance(e, proctree.StartError):
+                raise  # fork itself failed: not the program's fault
             from .errors import MissingProgramError
 
             raise MissingProgramError(e.strerror) from None
