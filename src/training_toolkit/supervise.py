@@ -183,7 +183,10 @@ class KillTimer:
         self.action = action
         self._timer = None
         self._due = None
-        self._lock = threading.Lock()
+        # Reentrant: arm() runs in signal handlers, and a second SIGTERM can
+        # arrive while the first one's handler is inside arm() (starting the
+        # timer thread waits); a plain Lock would deadlock the main thread.
+        self._lock = threading.RLock()
 
     def arm(self, grace):
         due = time.monotonic() + grace

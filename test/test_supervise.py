@@ -1,5 +1,6 @@
-"""`supervise.LineRelay` on real pipes: everything written comes out, in whole
-lines, whatever the write pattern; the tail is the last 64 KiB."""
+"""Parts of `supervise`, run for real: LineRelay on real pipes (everything
+written comes out, in whole lines, whatever the write pattern; the tail is the
+last 64 KiB) and KillTimer re-armed from a signal handler."""
 import os
 import threading
 
@@ -86,3 +87,35 @@ def test_a_line_beyond_the_held_limit_is_flushed_in_pieces(monkeypatch):
 def test_transform_and_tags_see_whole_lines():
     writes, _ = relay([b"l1\nl", b"2\n"], transform=lambda block: block.upper(), tag=b"[h,0]:")
     assert writes == [b"[h,0]:L1\n", b"[h,0]:L2\n"]
+
+
+def test_kill_timer_can_be_rearmed_from_inside_arm():
+    """A second SIGTERM whose handler runs while the first handler is inside
+    KillTimer.arm() (starting the timer thread) must not deadlock."""
+    fired = []
+    timer = supervise.KillTimer(lambda: fired.append(True))
+    real_start = threading.Timer.start
+    nested = []
+
+    def start_with_a_signal_in_between(self):
+        if not nested:
+            nested.append(True)
+            timer.arm(0.05)  # what the second signal's handler does
+        real_start(self)
+
+    done = threading.Event()
+
+    def arm_once():
+        threading.Timer.start = start_with_a_signal_in_between
+        try:
+            timer.arm(30)
+        finally:
+            threading.Timer.start = real_start
+        done.set()
+
+    threading.Thread(target=arm_once, daemon=True).start()
+    assert done.wait(10), "KillTimer.arm deadlocked when re-entered"
+    deadline = threading.Event()
+    deadline.wait(1)
+    assert fired == [True]  # the sooner deadline won, and only one kill ran
+    timer.cancel()
