@@ -32,7 +32,8 @@ def become_subreaper():
 
 
 def die_with_parent():
-    """In a forked child: it gets SIGTERM if `train` itself is SIGKILLed."""
+    """This process gets SIGTERM when its parent ends, even by SIGKILL (the
+    kernel sends it once for each of the parent's threads as they end)."""
     try:
         _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):

@@ -7,6 +7,9 @@ Launchers (mpirun, torchrun) start every rank through this wrapper. It
   the network); torchrun ranks inherit it directly;
 * runs the program as a supervised child: SIGTERM is forwarded with the
   grace period, and nothing the program started outlives it;
+* stops the program when its launcher dies, however it dies (a launcher
+  that gets several SIGTERMs at once, as when the `train` above it is
+  SIGKILLed, may exit without stopping its workers);
 * writes the program's output one whole line per write, with `--tag`
   prefixed `[<host>,<rank>]<stdout>:` or `[<host>,<rank>]<stderr>:` (under
   mpirun, --tag-output tags and the master names the host instead);
@@ -62,6 +65,7 @@ def main(argv=None):
     host = env.get("SM_CURRENT_HOST", "localhost")
     address, _, port = env.get(CONTROL_ENV, "").rpartition(":")
 
+    from . import proctree
     from .control import send_once
     from .supervise import Supervisor
 
@@ -73,6 +77,7 @@ def main(argv=None):
     supervisor = Supervisor(grace)
     signal.signal(signal.SIGTERM, lambda s, f: supervisor.terminate())
     signal.signal(signal.SIGINT, lambda s, f: supervisor.terminate())
+    proctree.die_with_parent()  # the launcher's end is a SIGTERM here
     report({"type": "rank_start", "rank": rank, "host": host, "pid": os.getpid()})
     tags = {fd: b"[%s,%d]<%s>:" % (host.encode(), rank, name) for fd, name in
             ((1, b"stdout"), (2, b"stderr"))} if tag else None

@@ -1,0 +1,61 @@
+"""The rank wrapper (`python -m training_toolkit.rank`) run for real, under a
+stand-in launcher."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+LAUNCHER = """
+import os, subprocess, sys, time
+# Start the wrapper the way torchrun does (its own session), then wait.
+subprocess.Popen([sys.executable, "-m", "training_toolkit.rank", "--", sys.executable, "-c",
+                  "import time; time.sleep(300)"], start_new_session=True)
+time.sleep(300)
+"""
+
+
+def _wait_for_pid_file(ranks_dir, timeout=30):
+    path = os.path.join(ranks_dir, "0.pid")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.exists(path):
+            with open(path) as f:
+                text = f.read()
+            if text.endswith("\n"):
+                return [int(p) for p in text.split()]
+        time.sleep(0.02)
+    raise AssertionError("the wrapper never wrote %s" % path)
+
+
+def _gone(pids, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if psutil.pid_exists(p) and
+                 psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        if not alive:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_rank_ends_when_its_launcher_is_killed(tmp_path):
+    """A launcher that dies without stopping its workers (SIGKILL here; torchrun
+    hit by several SIGTERMs at once can do the same) must not leave the rank
+    and its program running."""
+    env = dict(os.environ, RANK="0", TRAINING_TOOLKIT_RANKS_DIR=str(tmp_path))
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], env=env)
+    started = [launcher.pid]
+    try:
+        started += _wait_for_pid_file(str(tmp_path))
+        launcher.kill()
+        launcher.wait()
+        assert _gone(started[1:], timeout=10), "rank outlived its launcher"
+    finally:
+        for pid in started:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
