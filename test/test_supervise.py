@@ -119,3 +119,22 @@ def test_kill_timer_can_be_rearmed_from_inside_arm():
     deadline.wait(1)
     assert fired == [True]  # the sooner deadline won, and only one kill ran
     timer.cancel()
+
+
+def test_stop_request_while_starting_reaches_the_new_process(monkeypatch):
+    """SIGTERM handled while the command is being started (between the fork
+    and the moment the supervisor knows the process) is not lost."""
+    import sys
+
+    from training_toolkit import proctree
+
+    supervisor = supervise.Supervisor(grace_seconds=5)
+    real_process = proctree.Process
+
+    def process_with_a_signal_during_start(*args, **kwargs):
+        assert supervisor.terminate() is True  # what the SIGTERM handler calls
+        return real_process(*args, **kwargs)
+
+    monkeypatch.setattr(proctree, "Process", process_with_a_signal_during_start)
+    outcome = supervisor.run([sys.executable, "-c", "import time; time.sleep(60)"])
+    assert outcome.exit_code == 128 + 15 and outcome.terminated_by_us

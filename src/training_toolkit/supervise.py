@@ -219,6 +219,7 @@ class Supervisor:
         self.grace_seconds = grace_seconds
         self.proc = None
         self.terminating = False
+        self._starting = False
         self._killer = None
         # pids of services the toolkit runs itself (sshd): not part of a job.
         self.services = set()
@@ -246,6 +247,7 @@ class Supervisor:
         self._not_ours = self.services | set(proctree.children(os.getpid()))
         pipes = {name: _relay_pipe() for name, wanted in (("stdout", relay_stdout),
                                                           ("stderr", relay_stderr)) if wanted}
+        self._starting = True
         try:
             self.proc = proctree.Process(argv, env=env, cwd=cwd,
                                          stdout=pipes["stdout"][1] if relay_stdout else None,
@@ -259,6 +261,8 @@ class Supervisor:
             from .errors import MissingProgramError
 
             raise MissingProgramError(e.strerror) from None
+        finally:
+            self._starting = False
         self._relays = {}
         for name, (read_end, write_end) in pipes.items():
             os.close(write_end)
@@ -267,6 +271,8 @@ class Supervisor:
                               (tag or {}).get(out_fd, b""))
             relay.start()
             self._relays[name] = relay
+        if self.terminating:  # a stop request came while it was starting
+            self.stop(signal.SIGTERM, self.grace_seconds)
         return self.proc
 
     def wait(self):
@@ -288,9 +294,11 @@ class Supervisor:
         master stops the ranks on every host, not mpirun). Returns False when
         nothing runs that could be stopped."""
         proc = self.proc
-        if proc is None and self.on_terminate is None:
+        if proc is None and self.on_terminate is None and not self._starting:
             return False
         self.terminating = True
+        if proc is None and self.on_terminate is None:
+            return True  # start() stops the new tree as soon as it exists
         if self.on_terminate is not None:
             self.on_terminate(sig)
         else:
