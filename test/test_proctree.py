@@ -77,3 +77,11 @@ def test_wait_with_timeout_then_kill():
     proc.kill()
     assert proc.wait(timeout=10) == -signal.SIGKILL
     proc.kill()  # a no-op once it has ended
+
+
+def test_communicate_and_context_manager_like_popen():
+    with Process([sys.executable, "-c", "raise SystemExit(4)"]) as proc:
+        assert proc.communicate(timeout=30) == (None, None)
+    assert proc.returncode == 4
+    with pytest.raises(ValueError):
+        proc.communicate(input=b"x")
