@@ -190,10 +190,27 @@ def _prepare_child(cwd, stdout, stderr, report_fd, max_fd):
     # Only 0-2 go to the program (as with Popen's close_fds); the report
     # pipe stays open until exec closes it.
     os.set_inheritable(report_fd, False)
-    os.closerange(3, report_fd)
-    os.closerange(report_fd + 1, max_fd)
+    _close_fds_above_2(report_fd, max_fd)
     if cwd:
         os.chdir(cwd)
+
+
+def _close_fds_above_2(keep, max_fd):
+    """Close what is open, from /proc/self/fd: closing the whole range is
+    one close() per possible fd where the C library has no close_range
+    (glibc < 2.34), and containers often allow a million."""
+    try:
+        open_fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        os.closerange(3, keep)
+        os.closerange(keep + 1, max_fd)
+        return
+    for fd in open_fds:
+        if fd > 2 and fd != keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the listing's own, already closed
 
 
 def _exec(candidates, argv, env):
