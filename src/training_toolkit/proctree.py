@@ -12,13 +12,17 @@ PR_SET_PDEATHSIG = 1
 _libc = None
 
 
-def _prctl(option, arg):
+def _load_libc():
     global _libc
     if _libc is None:
         import ctypes
 
         _libc = ctypes.CDLL(None, use_errno=True)
-    return _libc.prctl(option, arg, 0, 0, 0)
+    return _libc
+
+
+def _prctl(option, arg):
+    return _load_libc().prctl(option, arg, 0, 0, 0)
 
 
 def become_subreaper():
@@ -66,6 +70,7 @@ class Process:
         # comes back through a close-on-exec pipe.
         candidates = _exec_candidates(self.args[0], env)
         max_fd = os.sysconf("SC_OPEN_MAX")
+        _load_libc()  # not in the child: an import there could be slow or block
         if cwd and not os.path.isdir(cwd):
             raise StartError(errno.ENOENT, "cannot start %s: its working directory %s does not exist"
                              % (self.args[0], cwd))
