@@ -70,7 +70,10 @@ class Process:
         # comes back through a close-on-exec pipe.
         candidates = _exec_candidates(self.args[0], env)
         max_fd = os.sysconf("SC_OPEN_MAX")
-        _load_libc()  # not in the child: an import there could be slow or block
+        try:
+            _load_libc()  # not in the child: an import there could be slow or block
+        except OSError:
+            pass  # no C library to load: die_with_parent() is then skipped
         if cwd and not os.path.isdir(cwd):
             raise StartError(errno.ENOENT, "cannot start %s: its working directory %s does not exist"
                              % (self.args[0], cwd))
