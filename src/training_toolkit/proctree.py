@@ -69,7 +69,6 @@ class Process:
         # Resolved before the fork, so the child only execs; a failed exec
         # comes back through a close-on-exec pipe.
         candidates = _exec_candidates(self.args[0], env)
-        max_fd = os.sysconf("SC_OPEN_MAX")
         try:
             _load_libc()  # not in the child: an import there could be slow or block
         except OSError:
@@ -87,7 +86,7 @@ class Process:
         if self.pid == 0:  # the child: only os calls from here to exec
             try:
                 os.close(report_r)
-                _prepare_child(cwd, stdout, stderr, report_w, max_fd)
+                _prepare_child(cwd, stdout, stderr, report_w)
                 _exec(candidates, self.args, env)
             except BaseException as e:  # noqa: B036 - must never return into the parent's code
                 code = getattr(e, "errno", None) or 0
@@ -121,15 +120,10 @@ class Process:
         """The return code (negative: killed by that signal), like Popen."""
         if timeout is None:
             return self._status(0)
-        deadline = time.monotonic() + timeout
-        delay = 0.0005
-        while self.poll() is None:
-            if time.monotonic() >= deadline:
-                import subprocess
+        if not wait_until(lambda: self.poll() is not None, timeout):
+            import subprocess
 
-                raise subprocess.TimeoutExpired(self.args, timeout)
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
+            raise subprocess.TimeoutExpired(self.args, timeout)
         return self.returncode
 
     def communicate(self, input=None, timeout=None):
@@ -162,6 +156,19 @@ class Process:
         return "<Process pid=%d returncode=%r %s>" % (self.pid, self.returncode, self.args)
 
 
+def wait_until(predicate, timeout):
+    """Poll `predicate` with backoff from 5 ms until true or `timeout`;
+    returns whether it came true."""
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+    return True
+
+
 def _exec_candidates(program, env):
     """Where execvp would look for `program`: itself when it names a path,
     else each directory of the command's own PATH."""
@@ -182,7 +189,7 @@ def _start_failure(program, code, detail):
     return "cannot start %s: %s" % (program, detail)
 
 
-def _prepare_child(cwd, stdout, stderr, report_fd, max_fd):
+def _prepare_child(cwd, stdout, stderr, report_fd):
     os.setsid()
     die_with_parent()
     # Python ignores SIGPIPE and SIGXFSZ, and exec keeps ignored signals
@@ -198,12 +205,12 @@ def _prepare_child(cwd, stdout, stderr, report_fd, max_fd):
     # Only 0-2 go to the program (as with Popen's close_fds); the report
     # pipe stays open until exec closes it.
     os.set_inheritable(report_fd, False)
-    _close_fds_above_2(report_fd, max_fd)
+    _close_fds_above_2(report_fd)
     if cwd:
         os.chdir(cwd)
 
 
-def _close_fds_above_2(keep, max_fd):
+def _close_fds_above_2(keep):
     """Close what is open, from /proc/self/fd: closing the whole range is
     one close() per possible fd where the C library has no close_range
     (glibc < 2.34), and containers often allow a million."""
@@ -211,7 +218,7 @@ def _close_fds_above_2(keep, max_fd):
         open_fds = [int(name) for name in os.listdir("/proc/self/fd")]
     except OSError:
         os.closerange(3, keep)
-        os.closerange(keep + 1, max_fd)
+        os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
         return
     for fd in open_fds:
         if fd > 2 and fd != keep:

@@ -1,12 +1,12 @@
 """SSH for multi-host jobs: start `sshd` on a host, and wait until every
 worker accepts a key login (paramiko, backoff from 50 ms, one deadline)."""
 import os
-import shutil
 import socket
 import subprocess
 import threading
 import time
 
+from . import resources
 from .errors import ClusterError, MissingProgramError
 
 SSH_PORT = 22
@@ -30,7 +30,7 @@ def listening(port=SSH_PORT, address="127.0.0.1"):
 
 
 def _sshd_binary():
-    for candidate in (shutil.which("sshd"), "/usr/sbin/sshd"):
+    for candidate in (resources.which("sshd"), "/usr/sbin/sshd"):
         if candidate and os.access(candidate, os.X_OK):
             return candidate
     raise MissingProgramError(

@@ -330,14 +330,13 @@ class Supervisor:
         if not group_alive and not self._leftovers():
             return
         proctree.signal_tree(main_pid, signal.SIGTERM, pgid=main_pid, exclude=self._not_ours)
-        deadline = time.monotonic() + LEFTOVER_GRACE_S
-        delay = 0.005
-        while time.monotonic() < deadline:
+
+        def settled():
             proctree.reap_leftovers(self._not_ours)
-            if not self._leftovers():
-                return
-            time.sleep(delay)
-            delay = min(delay * 2, 0.2)
+            return not self._leftovers()
+
+        if proctree.wait_until(settled, LEFTOVER_GRACE_S):
+            return
         proctree.signal_tree(main_pid, signal.SIGKILL, pgid=main_pid, exclude=self._not_ours)
         proctree.reap_leftovers(self._not_ours)
 

@@ -7,7 +7,6 @@ Both the MPI and the torchrun runner build on this; each supplies
 """
 import signal
 import threading
-import time
 
 from .. import control
 from ..errors import ClusterError
@@ -145,15 +144,3 @@ class JobWorker:
             raise ClusterError("lost the master host %s: its train ended without a verdict "
                                "(the host died or was stopped)" % self.master)
         return outcome_from(self.verdict, terminated)
-
-
-def wait_until(predicate, timeout):
-    """Poll `predicate` with backoff from 5 ms until true or `timeout`."""
-    deadline = time.monotonic() + timeout
-    delay = 0.005
-    while not predicate():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(delay)
-        delay = min(delay * 2, 0.1)
-    return True

@@ -23,7 +23,7 @@ from .. import control, log, params, proctree, resources, ssh
 from .. import rank as rank_wrapper
 from ..errors import ClusterError, ConfigError, MissingProgramError
 from ..supervise import KillTimer
-from .coordination import JobMaster, JobWorker, wait_until
+from .coordination import JobMaster, JobWorker
 from .plan import Command, LaunchPlan, PYTHON_PROGRAM, base_env, entry_kind, program_argv
 
 NAME = "mpi"
@@ -182,7 +182,7 @@ class MpiJob:
 
     # -- master --------------------------------------------------------------
     def run_master(self, command):
-        if not shutil.which("mpirun"):
+        if not resources.which("mpirun"):
             raise MissingProgramError("mpirun is not installed (install OpenMPI, e.g. the "
                                       "openmpi-bin package)")
         workers = [h for h in self.settings.hosts if h != self.settings.master]
@@ -259,7 +259,7 @@ class MpiJob:
         try:
             return worker.outcome(self.supervisor.terminating)
         finally:
-            wait_until(lambda: not self._alive_local_ranks(), 2.0)
+            proctree.wait_until(lambda: not self._alive_local_ranks(), 2.0)
 
     # -- local ranks (any host) ------------------------------------------------
     def _local_rank_pids(self):
@@ -320,7 +320,7 @@ class MpiJob:
             if sig is not None:
                 for pid in leftovers():
                     proctree.kill_tree(pid, sig)
-            if wait_until(lambda: not leftovers(), wait):
+            if proctree.wait_until(lambda: not leftovers(), wait):
                 return
 
 

@@ -14,10 +14,9 @@ The choice is exported as SM_COMMUNICATION_BACKEND (smddp|nccl) and
 SM_SMDDP_LIBRARY, and recorded in status.json.
 """
 import os
-import shutil
 import subprocess
 
-from .. import log, params
+from .. import log, params, resources
 from ..errors import ConfigError
 from . import mpi
 
@@ -68,9 +67,11 @@ def _linker_paths():
     """Where the dynamic linker would look: LD_LIBRARY_PATH, then its cache."""
     found = [os.path.join(d, LIBRARY_NAME)
              for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
-    if shutil.which("ldconfig") or os.path.exists("/sbin/ldconfig"):
+    ldconfig = resources.which("ldconfig") or (
+        "/sbin/ldconfig" if os.path.exists("/sbin/ldconfig") else None)
+    if ldconfig:
         try:
-            cache = subprocess.run([shutil.which("ldconfig") or "/sbin/ldconfig", "-p"],
+            cache = subprocess.run([ldconfig, "-p"],
                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                    timeout=10).stdout.decode("utf-8", "replace")
             found += [line.rsplit("=>", 1)[1].strip() for line in cache.splitlines()
@@ -121,7 +122,7 @@ def plan(env, entry_point, args, extra_env=None, options=None):
         preload = os.environ.get("LD_PRELOAD")
         smddp_env["LD_PRELOAD"] = backend.library + (":" + preload if preload else "")
     smddp_env.update(extra_env or {})
-    prefix = ["smddprun"] if shutil.which("smddprun") else []
+    prefix = ["smddprun"] if env.is_smddprun_installed else []
     launch = mpi.plan(env, entry_point, args, extra_env=smddp_env, options=options,
                       custom_key=params.SMDDP_CUSTOM_MPI_OPTIONS, name=NAME,
                       program_prefix=prefix)

@@ -8,7 +8,6 @@ reports its exit to the master's `train`; the first failure stops torchrun on
 every host, and every host ends with the failing rank's exit code.
 """
 import os
-import shutil
 import signal
 import socket
 import sys
@@ -66,7 +65,7 @@ def network_env(instance_type, interface):
 
 
 def launcher():
-    found = shutil.which("torchrun")
+    found = resources.which("torchrun")
     return [found] if found else [sys.executable, "-m", "torch.distributed.run"]
 
 
