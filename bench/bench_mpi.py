@@ -213,8 +213,7 @@ def main():
     args = p.parse_args()
     if args.mpi_options:
         MPI_HPS["sagemaker_mpi_custom_mpi_options"] = args.mpi_options
-    common.print_command()
-    print("load average at start: %.2f %.2f %.2f" % os.getloadavg())
+    common.print_header()
     toolkits = [("ours", args.ours_venv, args.runs, 120.0)]
     if args.floor:
         toolkits.append(("bare mpirun", args.ours_venv, args.runs, 120.0))

@@ -31,8 +31,7 @@ def main():
     p.add_argument("--copy-code", action="store_true",
                    help="empty code/ before each run, so that each run copies the submit dir")
     args = p.parse_args()
-    common.print_command()
-    print("load average at start: %.2f %.2f %.2f" % os.getloadavg())
+    common.print_header()
     src = common.fresh_dir("overhead", "src")
     common.write(os.path.join(src, "job.py"), SCRIPT)
 

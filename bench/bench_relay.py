@@ -85,8 +85,7 @@ def main():
     p.add_argument("--no-ref-capturing", action="store_true",
                    help="skip the reference's capturing path (the slow one)")
     args = p.parse_args()
-    common.print_command()
-    print("load average at start: %.2f %.2f %.2f" % os.getloadavg())
+    common.print_header()
     src = common.fresh_dir("relay", "src")
     common.write(os.path.join(src, "flood.py"), FLOOD)
     hooks = common.fresh_dir("relay", "hooks")

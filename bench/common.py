@@ -35,6 +35,12 @@ def print_command():
     print("$ " + shlex.join([sys.executable] + sys.argv), flush=True)
 
 
+def print_header():
+    """The command line, then the load average (the VM is shared)."""
+    print_command()
+    print("load average at start: %.2f %.2f %.2f" % os.getloadavg(), flush=True)
+
+
 def clean_env(venv=None, **extra):
     """A minimal environment: no PYTHONUNBUFFERED/PYTHONPATH/... from the
     caller's shell, the venv's bin first on PATH."""

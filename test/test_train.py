@@ -4,7 +4,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import psutil
@@ -398,10 +397,18 @@ def test_current_host_not_in_hosts_names_the_field(tmp_path):
     assert "current_host" in job.failure() and "algo-9" in job.failure()
 
 
+def hook_env(job, module, source):
+    """`job`'s environment with SAGEMAKER_TRAINING_MODULE=<module>:main, the
+    module holding `source`."""
+    hook_dir = os.path.join(os.path.dirname(job.base), "hook")
+    os.makedirs(hook_dir, exist_ok=True)
+    with open(os.path.join(hook_dir, module + ".py"), "w") as f:
+        f.write(source)
+    return job.env(SAGEMAKER_TRAINING_MODULE=module + ":main", PYTHONPATH=hook_dir)
+
+
 def test_framework_hook(tmp_path):
-    hook_dir = tmp_path / "hook"
-    hook_dir.mkdir()
-    (hook_dir / "my_framework.py").write_text(
+    hook = (
         "from training_toolkit import entry_point, environment, errors, runner\n"
         "def main():\n"
         "    env = environment.Environment.read()\n"
@@ -413,7 +420,7 @@ def test_framework_hook(tmp_path):
     job = Job(tmp_path, {"train.py": DUMP_ENV + "\nimport sys\nsys.exit(int(sys.argv[-1]) * 0 + "
                                                 "int(os.environ.get('EXIT', '0')))\n"},
               hyperparameters={"a": 1})
-    env = job.env(SAGEMAKER_TRAINING_MODULE="my_framework:main", PYTHONPATH=str(hook_dir))
+    env = hook_env(job, "my_framework", hook)
     r = job.run(env=env)
     assert r.returncode == 0, r.stderr.decode()
     got = seen(job)
@@ -429,9 +436,7 @@ def test_framework_hook(tmp_path):
 
 def test_framework_hook_run_without_waiting(tmp_path):
     """run(wait=False) hands back a Popen-like process, as the reference does."""
-    hook_dir = tmp_path / "hook"
-    hook_dir.mkdir()
-    (hook_dir / "async_framework.py").write_text(
+    hook = (
         "import os, signal\n"
         "from training_toolkit import entry_point, environment\n"
         "def main():\n"
@@ -443,8 +448,7 @@ def test_framework_hook_run_without_waiting(tmp_path):
         "    with open(os.path.join(env.model_dir, 'code'), 'w') as f:\n"
         "        f.write('%d %d' % (code, proc.pid))\n")
     job = Job(tmp_path, {"train.py": "import time\ntime.sleep(60)\n"})
-    r = job.run(env=job.env(SAGEMAKER_TRAINING_MODULE="async_framework:main",
-                            PYTHONPATH=str(hook_dir)))
+    r = job.run(env=hook_env(job, "async_framework", hook))
     assert r.returncode == 0, r.stderr.decode()
     code, pid = job.read("model", "code").split()
     assert int(code) == -signal.SIGTERM and int(pid) > 0
