@@ -18,13 +18,13 @@ setup(
     package_dir={"": "src"},
     python_requires=">=3.9",
     install_requires=[
-        "boto3",       # code fetch from S3
-        "paramiko",    # SSH readiness checks for multi-host MPI
-        "psutil",      # process-tree checks where /proc is not enough
-        "retrying",    # retries with backoff for S3
-        "gevent",      # concurrent I/O
+        "boto3",       # code fetch from S3 (imported only for s3:// code)
+        "paramiko",    # SSH readiness checks of the MPI master (imported only there)
+        "retrying",    # imported by framework hooks (the DLC toolkits) that run on the toolkit
     ],
-    extras_require={"test": ["pytest", "moto[server]", "hypothesis", "numpy", "mpi4py"]},
+    # psutil: the tests prove no process outlives a job; six: the real DLC hook imports it.
+    extras_require={"test": ["pytest", "moto[server]", "hypothesis", "numpy", "mpi4py",
+                             "psutil", "six"]},
     entry_points={
         "console_scripts": [
             "train=training_toolkit.trainer:main",

@@ -5,7 +5,7 @@ Contenders (each toolkit has its own job tree, code already in code/):
   direct                 python3 flood.py, the stream piped straight to cat
   ours train             `train`: stdout is inherited, stderr goes through a relay thread
   ours train (hook)      SAGEMAKER_TRAINING_MODULE hook calling entry_point.run(capture_error=True)
-  reference train        /opt/ref/bin/train: its default flow (capture_error=False)
+  reference train        <--ref-venv>/bin/train: its default flow (capture_error=False)
   reference (capturing)  a hook calling its entry_point.run(capture_error=True), as framework
                          toolkits do: the output then goes through its asyncio line reader
 

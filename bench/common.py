@@ -16,7 +16,7 @@ import sys
 import time
 
 OURS_VENV = "/opt/tt-bench"
-REF_VENV = "/opt/ref"
+REF_VENV = "/opt/sagemaker-training-reference"  # made by scripts/reference-venv.sh
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORK = os.path.join(HERE, ".work")  # job trees and scripts (git-ignored)
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -36,7 +36,10 @@ class ClusterJob:
     inside the host) and the user's code in `root/src`."""
 
     def __init__(self, root, n, files, entry_point="train.py", hyperparameters=None,
-                 distributed=None):
+                 distributed=None, instance_groups=None, minimal_resource_config=False,
+                 write_tree=None):
+        """`write_tree(host, base, hosts)`, when given, lays out each host's job
+        tree instead (files and the other arguments are then unused)."""
         self.root = str(root)
         self.src = os.path.join(self.root, "src")
         os.makedirs(self.src, exist_ok=True)
@@ -46,8 +49,13 @@ class ClusterJob:
         self.hosts = ["algo-%d" % (i + 1) for i in range(n)]
         self.roots = {h: os.path.join(self.root, h) for h in self.hosts}
         for host, base in self.roots.items():
+            if write_tree is not None:
+                write_tree(host, base, self.hosts)
+                continue
             write_job_tree(base, entry_point, self.src, hyperparameters=hyperparameters,
-                           hosts=self.hosts, current_host=host, network_interface_name="eth0")
+                           hosts=self.hosts, current_host=host, network_interface_name="eth0",
+                           instance_groups=instance_groups,
+                           minimal_resource_config=minimal_resource_config)
             if distributed is not None:
                 write_job(distributed, base, entry_point, source_dir=self.src)
         self.cluster = SimCluster(n, [self.roots[h] for h in self.hosts],

@@ -20,7 +20,7 @@ class Job:
 
     def __init__(self, root, files, entry_point="train.py", hyperparameters=None, channels=None,
                  hosts=("algo-1",), current_host="algo-1", raw_hyperparameters=None,
-                 resource_config=None):
+                 resource_config=None, minimal_resource_config=False):
         self.root = str(root)
         self.src = os.path.join(self.root, "src")
         os.makedirs(self.src, exist_ok=True)
@@ -36,7 +36,8 @@ class Job:
         self.paths = write_job_tree(self.base, entry_point, self.src,
                                     hyperparameters=hyperparameters, channels=channels,
                                     hosts=hosts, current_host=current_host,
-                                    raw_hyperparameters=raw_hyperparameters)
+                                    raw_hyperparameters=raw_hyperparameters,
+                                    minimal_resource_config=minimal_resource_config)
         if resource_config is not None:
             with open(self.paths.resource_config_file, "w") as f:
                 json.dump(resource_config, f)

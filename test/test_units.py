@@ -21,8 +21,7 @@ RC = {"current_host": "algo-1", "hosts": ["algo-1", "algo-2"]}
 
 
 def make_env(hps=None, rc=None, environ=None, base="/job"):
-    encoded = {k: json.dumps(v) for k, v in (hps or {}).items()}
-    return Environment(rc or RC, {"train": {}}, encoded, paths=JobPaths(base),
+    return Environment(rc or RC, {"train": {}}, dict(hps or {}), paths=JobPaths(base),
                        environ=environ or {})
 
 
@@ -173,23 +172,22 @@ def test_failure_text_headline_fits():
     assert sys.getsizeof(text) < 200_000
 
 
-def v3_env(doc, rc=None, hps=None):
-    return Environment(rc or RC, {}, {k: json.dumps(v) for k, v in (hps or {}).items()},
-                       paths=JobPaths("/job"), environ={}, distributed=doc,
-                       source_code={"entry_script": "train.py"})
+def v3_env(doc, rc=None, hps=None, source_code=None, base="/job"):
+    return Environment(rc or RC, {}, dict(hps or {}), paths=JobPaths(base), environ={},
+                       distributed=doc,
+                       source_code=source_code or {"entry_script": "train.py"})
 
 
 def test_v3_layout_selects_the_config_runner():
-    from training_toolkit.runners import RunnerType
-
-    env = v3_env({"type": "smddp", "config": {"process_count_per_node": 2,
-                                              "communication_options": {"backend": "nccl"}}})
+    env = v3_env({"process_count_per_node": 2, "communication_options": {"backend": "nccl"}})
     assert select(env) is RunnerType.SMDataParallel
     assert env.code_dir == "/job/input/data/code"
     assert env.user_entry_point == "train.py"
     exported = env.to_env_vars()
-    assert exported["SM_ENTRY_SCRIPT"] == "/job/input/data/code/train.py"
+    assert exported["SM_ENTRY_SCRIPT"] == "train.py"  # relative to SM_SOURCE_DIR, as the SDK
+    assert exported["SM_SOURCE_DIR"] == "/job/input/data/code"
     assert exported["SM_DRIVER_DIR"] == "/job/input/data/sm_drivers/distributed_drivers"
+    assert exported["SM_DISTRIBUTED_DRIVER_DIR"] == exported["SM_DRIVER_DIR"]
     from training_toolkit.runners import smddp
     assert smddp.requested_backend(env) == "nccl"
     launch = smddp.plan(env, "train.py", [])
@@ -198,20 +196,99 @@ def test_v3_layout_selects_the_config_runner():
     assert "--host" in launch.command.argv and "algo-1:2,algo-2:2" in launch.command.argv
 
 
-def test_sdk_flat_distributed_json_is_understood():
-    env = v3_env({"_type": "mpi", "process_count_per_node": 3,
-                  "mpi_additional_options": ["--verbose"]})
+def test_sdk_mpi_distributed_json_is_understood():
+    env = v3_env({"process_count_per_node": 3, "mpi_additional_options": ["--verbose"]})
     assert select(env) is RunnerType.MPI
     settings = mpi.MpiSettings(env, {})
     assert settings.per_host == 3 and settings.custom == ["--verbose"]
+
+
+@pytest.mark.parametrize("doc,runner", [
+    ({}, RunnerType.Process),
+    ({"process_count_per_node": 2, "smp": None}, RunnerType.TorchDistributed),
+    ({"process_count_per_node": None, "mpi_additional_options": None}, RunnerType.MPI),
+])
+def test_v3_runner_from_the_field_set_without_sm_train_sh(doc, runner):
+    assert select(v3_env(doc)) is runner
+
+
+@pytest.mark.parametrize("doc,words", [
+    ({"process_count_per_node": 2}, ["Torchrun, MPI and SMDDP alike", "sm_train.sh", "missing"]),
+    ({"driver_args": ["x"]}, ["custom DistributedConfig", "driver_args", "sm_train.sh"]),
+    ([], ["must be a JSON object"]),
+])
+def test_v3_tree_naming_no_runnable_driver_says_what_is_missing(doc, words):
+    with pytest.raises(ConfigError) as e:
+        v3_env(doc)
+    assert e.value.exit_code == 78 and "distributed.json" in str(e.value)
+    for word in words:
+        assert word in str(e.value)
+
+
+def write_train_script(base, text):
+    drivers = os.path.join(base, "input", "data", "sm_drivers")
+    os.makedirs(os.path.join(drivers, "distributed_drivers"), exist_ok=True)
+    with open(os.path.join(drivers, "sm_train.sh"), "w") as f:
+        f.write(text)
+    return drivers
+
+
+DRIVER_LINE = "$SM_PYTHON_CMD /opt/ml/input/data/sm_drivers/distributed_drivers/%s\n"
+
+
+def test_sm_train_sh_names_the_driver(tmp_path):
+    base = str(tmp_path)
+    write_train_script(base, "set -e\n" + DRIVER_LINE % "torchrun_driver.py")
+    env = v3_env({"process_count_per_node": 2}, base=base)
+    assert select(env) is RunnerType.TorchDistributed  # ambiguous fields, named driver
+    write_train_script(base, DRIVER_LINE % "basic_script_driver.py")
+    assert select(v3_env({}, base=base)) is RunnerType.Process
+    # A custom config may reuse an SDK driver's name: its fields tell it apart.
+    drivers = write_train_script(base, DRIVER_LINE % "torchrun_driver.py")
+    with pytest.raises(ConfigError, match="torchrun_driver.py, which does not exist"):
+        v3_env({"driver_args": []}, base=base)
+    open(os.path.join(drivers, "distributed_drivers", "torchrun_driver.py"), "w").close()
+    env = v3_env({"driver_args": []}, base=base)
+    assert select(env) is RunnerType.Driver
+    assert env.v3_job.driver_script == "torchrun_driver.py"
+    write_train_script(base, "echo nothing to see\n")
+    with pytest.raises(ConfigError, match="sm_train.sh: names no driver"):
+        v3_env({}, base=base)
+
+
+def test_v3_command_runs_in_bash_with_its_args(tmp_path):
+    base = str(tmp_path)
+    source = {"entry_script": None, "command": "python3 train.py  --mode cmd",
+              "args": ["--note", "two words", 3]}
+    env = v3_env({}, base=base, source_code=source, hps={"lr": 0.1})
+    assert env.v3_job.runner == "command"
+    launch = __import__("training_toolkit.entry_point", fromlist=["plan"]).plan(env)
+    assert launch.command.argv[1:] == ("-c", "python3 train.py --mode cmd --note 'two words' 3")
+    assert launch.command.cwd == os.path.join(base, "input", "data", "code")
+    # sm_train.sh, when present, is the truth: its heredoc holds the command.
+    write_train_script(base, "CMD=$(cat <<'SAGEMAKER_BASE_COMMAND_EOF'\nbash run.sh 'a b'\n"
+                             "SAGEMAKER_BASE_COMMAND_EOF\n)\neval \"$CMD\"\n")
+    assert v3_env({}, base=base, source_code=source).v3_job.command == "bash run.sh 'a b'"
+
+
+def test_v3_args_are_the_sdk_drivers_args():
+    env = v3_env({}, hps={"epochs": 3, "b": 7, "flag": True, "layers": [1, 2], "name": "abc"})
+    assert env.to_cmd_args() == ["--epochs", "3", "--b", "7", "--flag", "true", "--layers",
+                                 "[1, 2]", "--name", "abc"]
+
+
+def test_builtin_config_fields_match_the_v3_table():
+    from training_toolkit import distributed, v3
+
+    for cls in distributed.BUILTINS.values():
+        assert set(cls.model_fields()) == v3.BUILTIN_DRIVERS[cls().driver_script][1]
 
 
 def test_torchrun_plan_multi_node_and_efa():
     from training_toolkit.runners import torchrun
 
     rc = dict(RC, current_host="algo-2", current_instance_type="ml.p4d.24xlarge")
-    env = v3_env({"type": "torchrun", "config": {"process_count_per_node": 8,
-                                                 "max_restarts": 2}}, rc=rc)
+    env = v3_env({"process_count_per_node": 8, "max_restarts": 2}, rc=rc)
     launch = torchrun.plan(env, "train.py", ["--lr", "1"])
     argv = list(launch.command.argv)
     i = argv.index("--nnodes")
@@ -225,7 +302,7 @@ def test_torchrun_plan_multi_node_and_efa():
                        ("FI_EFA_USE_DEVICE_RDMA", "1"), ("RDMAV_FORK_SAFE", "1"),
                        ("NCCL_SOCKET_IFNAME", "eth0")):
         assert launch.user_env[key] == value
-    single = torchrun.plan(v3_env({"type": "torchrun", "config": {}},
+    single = torchrun.plan(v3_env({"process_count_per_node": None, "smp": None},
                                   rc={"current_host": "algo-1", "hosts": ["algo-1"]}),
                            "train.py", [])
     assert "--standalone" in single.command.argv

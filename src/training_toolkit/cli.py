@@ -164,7 +164,7 @@ def main(argv=None):
     try:
         return args.func(args)
     except ToolkitError as e:
-        print("training-toolkit: %s" % e, file=sys.stderr)
+        print("training-toolkit: %s" % e.message, file=sys.stderr)
         return e.exit_code
 
 

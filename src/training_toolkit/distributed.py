@@ -3,9 +3,9 @@
 abstract `DistributedConfig` that users subclass for their own driver.
 
 Fields are declared with class annotations. Unknown fields are rejected and
-every assignment is validated. `write_job()` puts a config into a job tree
-(`input/data/sm_drivers/distributed.json`), which is how `train` learns which
-driver to run.
+every assignment is validated. `write_job()` lays a config out in a job tree
+exactly as the SDK's ModelTrainer does (see `v3`), which is how `train`
+learns which driver to run.
 """
 import abc
 import json
@@ -15,10 +15,11 @@ import typing
 
 from .errors import ConfigError
 from .paths import JobPaths
+from .v3 import BASIC_DRIVER, DRIVERS_SUBDIR, drivers_path
 
-# Where the drivers live in the job tree (the released SDK's name; the seed
-# called it `drivers`).
-DRIVERS_SUBDIR = "distributed_drivers"
+# SourceCode.ignore_patterns as the SDK defaults it (sourcecode.json has it).
+DEFAULT_IGNORE_PATTERNS = [".env", ".git", "__pycache__", ".DS_Store", ".cache",
+                           ".ipynb_checkpoints"]
 
 
 class ConfigValidationError(ConfigError, ValueError):
@@ -262,46 +263,50 @@ class SMDDP(_Builtin):
 
 BUILTINS = {cls.runner_type: cls for cls in (Torchrun, MPI, SMDDP)}
 
-
-def describe(config):
-    """The distributed.json document of a config."""
-    builtin = type(config) in BUILTINS.values()
-    return {
-        "type": type(config).runner_type if builtin else "custom",
-        "class": "%s:%s" % (type(config).__module__, type(config).__qualname__),
-        "driver_dir": DRIVERS_SUBDIR,
-        "driver_script": config.driver_script,
-        "config": config.model_dump(),
-    }
+# The shape of the SDK's sm_train.sh that `train` reads: the driver line.
+TRAIN_SCRIPT = """#!/bin/bash
+# Written by training_toolkit.distributed.write_job in the SDK v3 layout.
+set -e
+cd /opt/ml/input/data/code
+$SM_PYTHON_CMD /opt/ml/input/data/sm_drivers/%s/%s
+"""
 
 
 def write_job(config, base_dir, entry_script, source_dir=None, driver_root=None):
-    """Put `config` into the job tree at `base_dir` in the SDK v3 layout:
-    `sm_drivers/distributed.json`, `sm_drivers/sourcecode.json`, a custom
-    config's driver files in `sm_drivers/distributed_drivers/` (its
-    `driver_dir`, relative to `driver_root` or the working directory), and the
-    code (if `source_dir` is given) as the `code` channel."""
+    """Lay a job out at `base_dir` as the SDK v3's ModelTrainer does:
+    `sm_drivers/distributed.json` (the config's fields; `{}` for None),
+    `sm_drivers/sourcecode.json`, `sm_drivers/sm_train.sh` naming the
+    driver, a custom config's driver files (its `driver_dir`, relative to
+    `driver_root` or the working directory) in `sm_drivers/distributed_drivers/`,
+    and the code (if `source_dir` is given) as the `code` channel."""
     paths = JobPaths(base_dir)
-    if not isinstance(config, DistributedConfig):
+    if config is not None and not isinstance(config, DistributedConfig):
         raise ConfigValidationError("not a DistributedConfig: %r" % (config,))
-    doc = describe(config)
-    drivers = os.path.join(paths.drivers_dir, DRIVERS_SUBDIR)
+    drivers = drivers_path(paths)
     os.makedirs(drivers, exist_ok=True)
-    if doc["type"] == "custom":
+    script = BASIC_DRIVER if config is None else config.driver_script
+    if config is not None and type(config) not in BUILTINS.values():
         source = os.path.join(os.path.abspath(driver_root or "."), config.driver_dir)
-        script = os.path.join(source, config.driver_script)
-        if not os.path.isfile(script):
-            raise ConfigValidationError("driver script %s not found" % script,
+        if not os.path.isfile(os.path.join(source, script)):
+            raise ConfigValidationError("driver script %s not found"
+                                        % os.path.join(source, script),
                                         field="%s.driver_script" % type(config).__name__)
         shutil.copytree(source, drivers, dirs_exist_ok=True)
-    with open(paths.distributed_config_file, "w") as f:
-        json.dump(doc, f, indent=2)
-    with open(paths.source_code_file, "w") as f:
-        json.dump({"source_dir": source_dir, "entry_script": entry_script}, f, indent=2)
+    _write(paths.distributed_config_file, json.dumps(config.model_dump() if config else {}))
+    _write(paths.source_code_file, json.dumps({
+        "source_dir": source_dir, "requirements": None, "entry_script": entry_script,
+        "command": None, "args": None, "ignore_patterns": DEFAULT_IGNORE_PATTERNS}))
+    _write(os.path.join(paths.drivers_dir, "sm_train.sh"), TRAIN_SCRIPT % (DRIVERS_SUBDIR,
+                                                                           script))
     if source_dir:
         shutil.copytree(source_dir, paths.v3_code_dir, dirs_exist_ok=True)
     _add_channels(paths, ("code", "sm_drivers") if source_dir else ("sm_drivers",))
     return paths
+
+
+def _write(path, text):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 def _add_channels(paths, names):
@@ -344,33 +349,3 @@ def config_from_cli(kind, options, driver_dir=None):
         except ValueError:
             values[key] = raw
     return cls(**values)
-
-
-def read_job(distributed_doc, path):
-    """Validate a distributed.json document (ours, or the SDK's flat form
-    with `_type`). Returns it normalised: type, driver_dir, driver_script,
-    config; built-in configs are checked against their class."""
-    if not isinstance(distributed_doc, dict):
-        raise ConfigError("must be a JSON object", path=path)
-    doc = dict(distributed_doc)
-    if "config" not in doc:  # the flat form: the fields themselves
-        kind = doc.pop("_type", None) or doc.pop("type", None)
-        script = doc.pop("driver_script", None)
-        doc = {"type": kind or ("custom" if script else None), "driver_script": script,
-               "driver_dir": doc.pop("driver_dir", DRIVERS_SUBDIR), "config": doc}
-    kind = doc.get("type")
-    if kind in BUILTINS:
-        try:
-            doc["config"] = BUILTINS[kind].model_validate(doc["config"] or {}).model_dump()
-        except ConfigValidationError as e:
-            raise ConfigError(str(e), path=path) from None
-        doc.setdefault("driver_script", "%s_driver.py" % kind)
-    elif kind == "custom":
-        if not doc.get("driver_script"):
-            raise ConfigError("a custom config needs driver_script", path=path,
-                              field="driver_script")
-    else:
-        raise ConfigError("unknown distribution type %r (expected one of %s or custom)"
-                          % (kind, ", ".join(BUILTINS)), path=path, field="type")
-    doc.setdefault("driver_dir", DRIVERS_SUBDIR)
-    return doc

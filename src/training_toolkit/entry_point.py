@@ -34,7 +34,12 @@ def _phase(reporter, name, fn, *args, **kwargs):
 
 def fetch(env, uri):
     """Bring the code to env.code_dir unless it is already there (code baked
-    into the image, or fetched by an earlier step)."""
+    into the image, or fetched by an earlier step). An SDK v3 job whose
+    source_dir was a .tar.gz finds that archive in its code channel and
+    extracts it there, as sm_train.sh does."""
+    v3_job = env.v3_job
+    if v3_job is not None and v3_job.archive:
+        return _extract_code_archive(env, os.path.join(env.code_dir, v3_job.archive))
     if not uri or os.path.abspath(str(uri)) == os.path.abspath(env.code_dir) or \
             is_populated(env.code_dir):
         return
@@ -47,23 +52,58 @@ def fetch(env, uri):
         log.info(done)
 
 
-def install(env, supervisor):
+def _extract_code_archive(env, archive):
+    if not os.path.isfile(archive):
+        return
+    from .fetch import fetch_code
+
+    staging = env.code_dir.rstrip(os.sep) + ".extracting"
+    log.info(fetch_code(archive, staging))
+    for name in os.listdir(staging):
+        os.replace(os.path.join(staging, name), os.path.join(env.code_dir, name))
+    os.rmdir(staging)
+
+
+def install_dependencies(env, supervisor):
+    """pip installs what the job asks for: requirements.txt and the code's
+    package (setup.py/pyproject.toml); for an SDK v3 job, only the
+    SourceCode's requirements file, as sm_train.sh does."""
     from .install import install as pip_install
 
-    pip_install(env.code_dir, supervisor)
+    v3_job = env.v3_job
+    if v3_job is None:
+        return pip_install(env.code_dir, supervisor)
+    requirements = v3_job.requirements
+    if requirements == "auto":  # JumpStart: requirements.txt when there is one
+        requirements = "requirements.txt"
+        if not os.path.isfile(os.path.join(env.code_dir, requirements)):
+            return
+    if requirements and not os.path.isfile(os.path.join(env.code_dir, requirements)):
+        raise CodeNotFoundError("requirements file %r not found in %s"
+                                % (requirements, env.code_dir), uri=env.paths.source_code_file)
+    if requirements:
+        pip_install(env.code_dir, supervisor, requirements=requirements, package=False)
 
 
 def check_entry_point(env, entry_point):
     """The entry point must exist before anything starts; a `.sh` or other
-    command loses its exec bit in some archives, so restore it."""
+    command loses its exec bit in some archives, so restore it. An SDK v3
+    SourceCode.command or custom driver needs none."""
+    if env.v3_job is not None and env.v3_job.runner in ("command", "driver") \
+            and not entry_point:
+        return
     if not entry_point:
         raise ConfigError("no entry point: set the %s hyperparameter or %s"
                           % (params.USER_PROGRAM, params.PROGRAM_ENV),
                           path=env.paths.hyperparameters_file, field=params.USER_PROGRAM)
-    kind = entry_kind(env.code_dir, entry_point)
+    kind = entry_kind(env.code_dir, entry_point, packages=env.v3_job is None)
     if kind == PYTHON_PACKAGE:
         return
     path = os.path.join(env.code_dir, entry_point)
+    if not _inside(env.code_dir, path):
+        raise ConfigError("entry point %r resolves outside the code dir %s; name a file "
+                          "inside it, such as 'train.py' or 'bin/train.sh'"
+                          % (entry_point, env.code_dir), field=params.USER_PROGRAM)
     if not os.path.isfile(path):
         try:
             present = sorted(os.listdir(env.code_dir))[:20]
@@ -78,6 +118,11 @@ def check_entry_point(env, entry_point):
             os.chmod(path, mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
+def _inside(directory, path):
+    real_dir = os.path.realpath(directory)
+    return os.path.commonpath([real_dir, os.path.realpath(path)]) == real_dir
+
+
 def plan(env, entry_point=None, args=None, runner_type=None, env_vars=None, extra_opts=None):
     """The launch plan for this host (pure: nothing is started)."""
     from .runners import select
@@ -89,43 +134,88 @@ def plan(env, entry_point=None, args=None, runner_type=None, env_vars=None, extr
                                   options=extra_opts or {})
 
 
-def execute(env, supervisor, reporter, uri=None, entry_point=None, args=None,
-            runner_type=None, env_vars=None, extra_opts=None, wait=True):
-    """Fetch, install and run; returns the Outcome of a successful run and
+def prepare(env, supervisor, reporter, uri=None):
+    """Fetch and install the code (the steps before any user process)."""
+    uri = env.module_dir if uri is None else uri
+    _phase(reporter, "fetch", fetch, env, uri)
+    _phase(reporter, "install", install_dependencies, env, supervisor)
+
+
+def launch(env, supervisor, reporter, entry_point=None, args=None, runner_type=None,
+           env_vars=None, extra_opts=None, wait=True):
+    """Run the prepared code; returns the Outcome of a successful run and
     raises ExecuteUserScriptError for a failed one. With wait=False, returns
     the started process of a single-process plan instead."""
     entry_point = entry_point or env.user_entry_point
     args = env.to_cmd_args() if args is None else list(args)
-    uri = env.module_dir if uri is None else uri
-    _phase(reporter, "fetch", fetch, env, uri)
-    _phase(reporter, "install", install, env, supervisor)
     check_entry_point(env, entry_point)
-    launch = plan(env, entry_point, args, runner_type, env_vars, extra_opts)
+    launch_plan = plan(env, entry_point, args, runner_type, env_vars, extra_opts)
     if not wait:
-        cmd = launch.command
+        cmd = launch_plan.command
         return supervisor.start(cmd.argv, env=cmd.full_env(), cwd=cmd.cwd, relay_stderr=False)
-    runner = load_for(launch)
-    command = launch.command.shell_line() if launch.command else None
-    reporter.set(runner=launch.runner, role=launch.role, command=command, **launch.status)
-    log.info("running %s (%s runner, %s): %s" % (entry_point, launch.runner, launch.role,
-                                                 command or "serving the master's ranks"))
-    outcome = _phase(reporter, "run", runner.run, launch, supervisor, env)
+    runner = load_for(launch_plan)
+    command = launch_plan.command.shell_line() if launch_plan.command else None
+    reporter.set(runner=launch_plan.runner, role=launch_plan.role, command=command,
+                 **launch_plan.status)
+    log.info("running %s (%s runner, %s): %s" % (
+        entry_point or "the job", launch_plan.runner, launch_plan.role,
+        command or "serving the master's ranks"))
+    outcome = _phase(reporter, "run", runner.run, launch_plan, supervisor, env)
     if outcome.exit_code != 0 or outcome.terminated_by_us:
         code = outcome.exit_code or 143  # stopped by SIGTERM counts as a failure
-        raise ExecuteUserScriptError([entry_point] + args, code, outcome.stderr_tail,
+        raise ExecuteUserScriptError(list(launch_plan.command.argv) if launch_plan.command
+                                     else [entry_point] + args, code, outcome.stderr_tail,
                                      where=outcome.where)
     return outcome
 
 
+def execute(env, supervisor, reporter, uri=None, entry_point=None, args=None,
+            runner_type=None, env_vars=None, extra_opts=None, wait=True):
+    """Fetch, install and run (see `launch`)."""
+    prepare(env, supervisor, reporter, uri)
+    return launch(env, supervisor, reporter, entry_point, args, runner_type, env_vars,
+                  extra_opts, wait)
+
+
+def current_job():
+    """The environment, supervisor and reporter a framework hook's calls
+    share with the `train` process they run in (fresh ones outside `train`)."""
+    env = Environment()
+    return (env, _job["supervisor"] or Supervisor(),
+            _job["reporter"] or Reporter(env.paths))
+
+
 def run(uri, user_entry_point, args, env_vars=None, wait=True, capture_error=False,
         runner_type=RunnerType.Process, extra_opts=None):
-    """Download and install `uri` into the code dir, then run the entry point
-    with `args`. With wait=False, returns the started process, a Popen-like
-    `proctree.Process` (unsupervised beyond its own session); with wait=True,
-    returns the Outcome or raises ExecuteUserScriptError. `capture_error` is accepted for compatibility:
-    stderr is always captured (its tail) and relayed."""
-    env = Environment.read()
-    supervisor = _job["supervisor"] or Supervisor()
-    reporter = _job["reporter"] or Reporter(env.paths)
+    """sagemaker_training.entry_point.run: bring `uri` (an S3 URI, a local
+    archive or a local dir) into the code dir, install it, then run the entry
+    point with `args` under `runner_type`. With wait=False, returns the
+    started process, a Popen-like `proctree.Process` (unsupervised beyond its
+    own session); with wait=True, returns the Outcome or raises
+    ExecuteUserScriptError carrying the user's exit code and stderr tail.
+    `capture_error` is accepted for compatibility: stderr is always relayed
+    and its tail kept."""
+    env, supervisor, reporter = current_job()
     return execute(env, supervisor, reporter, uri=uri, entry_point=user_entry_point, args=args,
                    runner_type=runner_type, env_vars=env_vars, extra_opts=extra_opts, wait=wait)
+
+
+def install(name, path=None, capture_error=False):
+    """sagemaker_training.entry_point.install: make the code dir importable,
+    install what it needs (its package, or requirements.txt), and make a
+    command entry point executable."""
+    import sys
+
+    env, supervisor, _ = current_job()
+    path = path or env.code_dir
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    from .install import install as pip_install
+
+    pip_install(path, supervisor)
+    if entry_kind(path, name) == COMMAND:
+        target = os.path.join(path, name)
+        if not _inside(path, target):
+            raise ConfigError("entry point %r resolves outside the code dir %s" % (name, path),
+                              field=params.USER_PROGRAM)
+        os.chmod(target, 0o777)

@@ -1,15 +1,20 @@
 """The job contract: configuration files -> one immutable `Environment`, and
 the `SM_*` variables exported from it.
 
-Every exported name comes from `EXPORTED`, below. Reading the files happens in
-`Environment.read()`, never at import time.
+Every exported name comes from `EXPORTED`, below. The files are read when an
+`Environment` is built, never at import time. The module offers the names of
+`sagemaker_training.environment` too: `Environment()` reads the job tree,
+`read_hyperparameters()` and friends read one file, and the path constants
+(`code_dir`, `model_dir`, ...) are computed from SAGEMAKER_BASE_DIR when
+they are looked up.
 """
+import collections.abc
 import json
 import os
 
 from . import params, resources
 from .errors import ConfigError
-from .paths import JobPaths
+from .paths import DEFAULT_BASE_DIR, JobPaths
 
 HOMOGENEOUS_GROUP = "homogeneousCluster"
 LOCAL_HOST = "algo-1"
@@ -68,7 +73,8 @@ TRAINING_ENV_FIELDS = (
     "is_smddpmprun_installed", "is_smddprun_installed", "job_name", "log_level",
     "master_hostname", "master_port", "model_dir", "module_dir", "module_name",
     "network_interface_name", "num_cpus", "num_gpus", "num_neurons", "output_data_dir",
-    "output_dir", "output_intermediate_dir", "resource_config", "user_entry_point",
+    "output_dir", "output_intermediate_dir", "resource_config", "topology",
+    "user_entry_point",
 )
 
 
@@ -92,14 +98,19 @@ def _require(cond, message, path, field):
         raise ConfigError(message, path=path, field=field)
 
 
-class Environment:
+class Environment(collections.abc.Mapping):
     """A read-only snapshot of the job: topology, hyperparameters, paths,
-    resources. Build it with `Environment.read()` (the files of the job tree)
-    or directly from the three documents."""
+    resources, and for SDK v3 trees what `sm_drivers/` asks to run.
+
+    `Environment()` reads the job tree at SAGEMAKER_BASE_DIR (else /opt/ml);
+    each document given as an argument replaces only that file, as in
+    sagemaker_training: `hyperparameters` are decoded values (what
+    `read_hyperparameters()` returns), the two configs are JSON objects.
+    As a mapping it is SM_TRAINING_ENV: property name -> value."""
 
     def __init__(self, resource_config=None, input_data_config=None, hyperparameters=None,
                  paths=None, environ=None, distributed=None, source_code=None):
-        environ = dict(os.environ if environ is None else environ)
+        environ = os.environ if environ is None else environ
         paths = paths or JobPaths.from_environ(environ)
         values = {}
         self.__dict__["_values"] = values
@@ -109,7 +120,8 @@ class Environment:
         idc_file = paths.input_data_config_file
 
         if resource_config is None:
-            resource_config = {"current_host": LOCAL_HOST, "hosts": [LOCAL_HOST]}
+            resource_config = read_json(rc_file, None) or {
+                "current_host": LOCAL_HOST, "hosts": [LOCAL_HOST]}
         _require(isinstance(resource_config, dict), "must be a JSON object", rc_file, None)
         hosts = resource_config.get("hosts")
         _require(isinstance(hosts, list) and hosts and all(isinstance(h, str) and h for h in hosts),
@@ -119,16 +131,41 @@ class Environment:
         _require(current_host in hosts, "%r is not one of hosts %s" % (current_host, hosts),
                  rc_file, "current_host")
 
-        input_data_config = {} if input_data_config is None else input_data_config
+        if input_data_config is None:
+            input_data_config = read_json(idc_file, {})
         _require(isinstance(input_data_config, dict), "must be a JSON object", idc_file, None)
 
-        hyperparameters = {} if hyperparameters is None else hyperparameters
+        if hyperparameters is None:
+            hyperparameters = read_hyperparameters(paths)
         _require(isinstance(hyperparameters, dict), "must be a JSON object", hp_file, None)
-        decoded = {k: params.decode_value(v) for k, v in hyperparameters.items()}
-        sagemaker_hps = {k: v for k, v in decoded.items()
+        sagemaker_hps = {k: v for k, v in hyperparameters.items()
                          if k in params.RESERVED or k.startswith(params.SAGEMAKER_PREFIX)}
-        user_hps = {k: v for k, v in decoded.items() if k not in sagemaker_hps}
+        user_hps = {k: v for k, v in hyperparameters.items() if k not in sagemaker_hps}
         framework_params = {k: v for k, v in sagemaker_hps.items() if k not in params.RESERVED}
+
+        # Entry point and code: environment overrides first, then hyperparameters;
+        # an SDK v3 tree names them in sm_drivers/ and ships the code as a channel.
+        entry_point = environ.get(params.PROGRAM_ENV) or sagemaker_hps.get(params.USER_PROGRAM)
+        module_dir = (environ.get(params.SUBMIT_DIR_ENV) or sagemaker_hps.get(params.SUBMIT_DIR)
+                      or paths.code_dir)
+        code_dir = paths.code_dir
+        v3 = v3_job = None
+        if distributed is not None or source_code is not None or _is_v3_tree(paths):
+            from . import v3
+
+            if distributed is None:
+                distributed = read_json(paths.distributed_config_file, None)
+            if source_code is None:
+                source_code = read_json(paths.source_code_file, None)
+            v3_job = v3.read(paths, distributed, source_code)
+            entry_point = v3_job.entry_script or entry_point
+            code_dir = module_dir = paths.v3_code_dir
+            if not entry_point and v3_job.runner not in ("command", "driver"):
+                raise ConfigError("needs entry_script (or command)", path=paths.source_code_file,
+                                  field="entry_script")
+            smp = v3_job.config.get("smp")
+            if smp and "mp_parameters" not in user_hps:
+                user_hps["mp_parameters"] = {k: v for k, v in smp.items() if v is not None}
 
         groups = resource_config.get("instance_groups") or []
         _require(isinstance(groups, list), "must be a list", rc_file, "instance_groups")
@@ -141,11 +178,16 @@ class Environment:
         groups_dict = {g["instance_group_name"]: g for g in groups}
         dist_groups = framework_params.get(params.DISTRIBUTION_INSTANCE_GROUPS)
         if dist_groups is None:
-            switched_on = any(params.is_true(framework_params.get(k, False))
-                              for k in params.DISTRIBUTION_SWITCHES)
+            switched_on = (v3_job is not None and v3_job.is_distributed) or any(
+                params.is_true(framework_params.get(k, False))
+                for k in params.DISTRIBUTION_SWITCHES)
             dist_groups = [current_group] if switched_on else []
         _require(isinstance(dist_groups, list), "must be a list of instance group names",
                  hp_file, params.DISTRIBUTION_INSTANCE_GROUPS)
+        unknown = [g for g in dist_groups if groups and g not in groups_dict]
+        _require(not unknown, "names instance groups %s, but %s has only %s"
+                 % (unknown, rc_file, sorted(groups_dict)), hp_file,
+                 params.DISTRIBUTION_INSTANCE_GROUPS)
         if groups:
             dist_hosts = sorted(h for g in groups if g["instance_group_name"] in dist_groups
                                 for h in g["hosts"])
@@ -153,21 +195,6 @@ class Environment:
             dist_hosts = list(hosts)
         master = dist_hosts[0] if dist_hosts else hosts[0]
 
-        # Entry point and code: environment overrides first, then hyperparameters;
-        # in the SDK v3 layout, sourcecode.json and the `code` channel.
-        entry_point = environ.get(params.PROGRAM_ENV) or sagemaker_hps.get(params.USER_PROGRAM)
-        module_dir = (environ.get(params.SUBMIT_DIR_ENV) or sagemaker_hps.get(params.SUBMIT_DIR)
-                      or paths.code_dir)
-        code_dir = paths.code_dir
-        if source_code is not None:
-            _require(isinstance(source_code, dict) and source_code.get("entry_script"),
-                     "needs entry_script", paths.source_code_file, "entry_script")
-            entry_point = source_code["entry_script"]
-            code_dir = module_dir = paths.v3_code_dir
-        distributed = self._distribution(distributed, framework_params, paths)
-        if distributed and distributed["config"].get("smp") and "mp_parameters" not in user_hps:
-            user_hps["mp_parameters"] = {k: v for k, v in distributed["config"]["smp"].items()
-                                         if v is not None}
         log_level = sagemaker_hps.get(params.LOG_LEVEL, 20)
         if isinstance(log_level, str) and log_level.isdigit():
             log_level = int(log_level)
@@ -192,6 +219,7 @@ class Environment:
             is_master=current_host == master,
             master_port=int(environ.get("SM_MASTER_PORT") or params.DEFAULT_MASTER_PORT),
             network_interface_name=resource_config.get("network_interface_name", "eth0"),
+            topology=resource_config.get("topology", []),
             resource_config=resource_config,
             input_data_config=input_data_config,
             channel_input_dirs=channel_dirs,
@@ -202,10 +230,10 @@ class Environment:
             module_name=_module_name(entry_point),
             module_dir=str(module_dir),
             code_dir=code_dir,
-            distributed=distributed,
+            v3_job=v3_job,
             log_level=log_level,
             framework_module=environ.get(params.TRAINING_MODULE_ENV),
-            job_name=sagemaker_hps.get(params.JOB_NAME) or environ.get(params.JOB_NAME_ENV),
+            job_name=sagemaker_hps.get(params.JOB_NAME) or environ.get(params.TRAINING_JOB_ENV),
             region=(sagemaker_hps.get(params.REGION) or environ.get(params.REGION_ENV)
                     or environ.get("AWS_DEFAULT_REGION")),
             s3_output=sagemaker_hps.get(params.S3_OUTPUT),
@@ -219,45 +247,26 @@ class Environment:
             output_failure=paths.failure_file,
             num_cpus=resources.num_cpus(),
             num_gpus=resources.num_gpus(),
-            num_neurons=resources.num_neurons(),
+            num_neurons=resources.num_neurons(instance_type),
             is_modelparallel_enabled=bool(mp_parameters) and mp_parameters not in ("{}", {}),
             is_smddprun_installed=resources.which("smddprun") is not None,
             is_smddpmprun_installed=resources.which("smddpmprun") is not None,
         )
-        values["user_args"] = params.to_cmd_args(user_hps)
+        # The v3 drivers pass every hyperparameter as `--key value`, in file order.
+        values["user_args"] = (v3.cmd_args(user_hps) if v3_job is not None
+                               else params.to_cmd_args(user_hps))
         values["training_env"] = {name: values[name] for name in TRAINING_ENV_FIELDS}
-
-    @staticmethod
-    def _distribution(document, framework_params, paths):
-        """The job's DistributedConfig (normalised), from the v3 layout or
-        the legacy torch_distributed hyperparameter; None without one."""
-        if document is not None:
-            from .distributed import read_job
-
-            return read_job(document, paths.distributed_config_file)
-        if params.is_true(framework_params.get(params.TORCH_DISTRIBUTED_ENABLED)):
-            from .distributed import read_job
-
-            count = framework_params.get(params.MPI_PROCESSES_PER_HOST)
-            return read_job({"type": "torchrun",
-                             "config": {"process_count_per_node": count}},
-                            paths.hyperparameters_file)
-        return None
 
     @classmethod
     def read(cls, paths=None, environ=None):
-        """Read the job tree's config files (under SAGEMAKER_BASE_DIR)."""
-        environ = os.environ if environ is None else environ
-        paths = paths or JobPaths.from_environ(environ)
-        return cls(
-            resource_config=read_json(paths.resource_config_file, None),
-            input_data_config=read_json(paths.input_data_config_file, {}),
-            hyperparameters=read_json(paths.hyperparameters_file, {}),
-            paths=paths,
-            environ=environ,
-            distributed=read_json(paths.distributed_config_file, None),
-            source_code=read_json(paths.source_code_file, None),
-        )
+        """The job tree's config files (under SAGEMAKER_BASE_DIR, or `paths`)."""
+        return cls(paths=paths, environ=environ)
+
+    @property
+    def distributed(self):
+        """The v3 DistributedConfig's fields (validated for built-in configs),
+        or None for a job without the v3 layout."""
+        return None if self.v3_job is None else self.v3_job.config
 
     def __getattr__(self, name):
         try:
@@ -271,7 +280,7 @@ class Environment:
     def __dir__(self):
         return sorted(set(super().__dir__()) | set(self._values))
 
-    # Mapping-like access, as the reference's Environment offers.
+    # A mapping of SM_TRAINING_ENV, as the reference's Environment is.
     def __getitem__(self, key):
         return self.training_env[key]
 
@@ -287,6 +296,31 @@ class Environment:
     def framework_param(self, key, default=None):
         return self.additional_framework_parameters.get(key, default)
 
+    def sagemaker_s3_output(self):
+        return self.s3_output
+
+    # The reference's getters, for toolkits that call them.
+    def get_current_instance_group(self):
+        return self.current_instance_group
+
+    def get_current_instance_group_hosts(self):
+        return list(self.current_instance_group_hosts)
+
+    def get_instance_groups(self):
+        return list(self.instance_groups)
+
+    def get_instance_groups_dict(self):
+        return dict(self.instance_groups_dict)
+
+    def get_distribution_hosts(self):
+        return list(self.distribution_hosts)
+
+    def get_master_hostname(self):
+        return self.master_hostname
+
+    def get_distribution_instance_groups_from_resource_config(self):
+        return list(self.distribution_instance_groups)
+
     def to_cmd_args(self):
         return list(self.user_args)
 
@@ -295,6 +329,8 @@ class Environment:
         out = {}
         for key, prop in EXPORTED:
             out["SM_" + key.upper()] = params.format_env_value(getattr(self, prop))
+        if self.topology:
+            out["SM_TOPOLOGY"] = params.format_env_value(self.topology)
         for name, path in self.channel_input_dirs.items():
             out["SM_CHANNEL_" + name.upper()] = path
         for key, value in self.hyperparameters.items():
@@ -302,12 +338,14 @@ class Environment:
             out["SM_HP_" + key.upper()] = formatted
             # The reference keeps dashes; SDK v3 turns them into underscores.
             out["SM_HP_" + key.upper().replace("-", "_")] = formatted
-        if self.distributed is not None:
-            drivers = os.path.join(self.paths.drivers_dir, self.distributed["driver_dir"])
-            entry = self.user_entry_point or ""
+        if self.v3_job is not None:
+            from .v3 import drivers_path
+
+            drivers = drivers_path(self.paths).rstrip(os.sep)
             out.update(
-                SM_DISTRIBUTED_CONFIG=params.format_env_value(self.distributed["config"]),
-                SM_ENTRY_SCRIPT=os.path.join(self.code_dir, entry) if entry else "",
+                SM_DISTRIBUTED_CONFIG=params.format_env_value(self.v3_job.config),
+                # Relative to SM_SOURCE_DIR, the working directory, as the SDK sets it.
+                SM_ENTRY_SCRIPT=self.user_entry_point or "",
                 SM_SOURCE_DIR=self.code_dir,
                 SM_DRIVER_DIR=drivers,
                 SM_DISTRIBUTED_DRIVER_DIR=drivers,
@@ -319,8 +357,95 @@ class Environment:
             self.current_host, self.hosts, self.user_entry_point)
 
 
+def _is_v3_tree(paths):
+    return os.path.isdir(paths.drivers_dir)
+
+
 def _module_name(entry_point):
+    """The entry point without `.py`, as sagemaker_training names it."""
     if not entry_point:
         return None
-    name = os.path.basename(str(entry_point))
+    name = str(entry_point)
     return name[:-3] if name.endswith(".py") else name
+
+
+# The functions and names of sagemaker_training.environment.
+def read_hyperparameters(paths=None):
+    """hyperparameters.json, each value JSON-decoded (kept raw when it is not
+    JSON: people hand-write the file too)."""
+    paths = paths or JobPaths.from_environ()
+    document = read_json(paths.hyperparameters_file, {})
+    if not isinstance(document, dict):
+        raise ConfigError("must be a JSON object", path=paths.hyperparameters_file)
+    return {k: params.decode_value(v) for k, v in document.items()}
+
+
+def read_resource_config(paths=None):
+    paths = paths or JobPaths.from_environ()
+    return read_json(paths.resource_config_file, None)
+
+
+def read_input_data_config(paths=None):
+    paths = paths or JobPaths.from_environ()
+    return read_json(paths.input_data_config_file, {})
+
+
+def channel_path(channel):
+    return JobPaths.from_environ().channel_dir(channel)
+
+
+def num_gpus():
+    return resources.num_gpus()
+
+
+def num_cpus():
+    return resources.num_cpus()
+
+
+def num_neurons(instance_type=None):
+    return resources.num_neurons(instance_type)
+
+
+def validate_smddprun():
+    return resources.which("smddprun") is not None
+
+
+def validate_smddpmprun():
+    return resources.which("smddpmprun") is not None
+
+
+def write_env_vars(env_vars=None):
+    """Put `env_vars` into this process's environment (the reference also
+    exports PYTHONPATH from sys.path; so does this)."""
+    import sys
+
+    env_vars = dict(env_vars or {})
+    env_vars["PYTHONPATH"] = ":".join(sys.path)
+    os.environ.update(env_vars)
+
+
+SAGEMAKER_BASE_PATH = DEFAULT_BASE_DIR
+BASE_PATH_ENV = params.BASE_DIR_ENV
+HYPERPARAMETERS_FILE = "hyperparameters.json"
+RESOURCE_CONFIG_FILE = "resourceconfig.json"
+INPUT_DATA_CONFIG_FILE = "inputdataconfig.json"
+
+# Module attribute -> JobPaths property, looked up at access time so that the
+# job tree is never touched at import (the reference computes them on import).
+_PATH_ATTRIBUTES = {
+    "code_dir": "code_dir", "model_dir": "model_dir", "input_dir": "input_dir",
+    "input_config_dir": "input_config_dir", "_input_data_dir": "input_data_dir",
+    "output_dir": "output_dir", "output_data_dir": "output_data_dir",
+    "output_intermediate_dir": "output_intermediate_dir",
+    "hyperparameters_file_dir": "hyperparameters_file",
+    "input_data_config_file_dir": "input_data_config_file",
+    "resource_config_file_dir": "resource_config_file",
+}
+
+
+def __getattr__(name):
+    if name == "base_dir":
+        return JobPaths.from_environ().base
+    if name in _PATH_ATTRIBUTES:
+        return getattr(JobPaths.from_environ(), _PATH_ATTRIBUTES[name])
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))

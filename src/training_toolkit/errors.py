@@ -26,11 +26,14 @@ code meaning
 
 class ToolkitError(Exception):
     """Base of every error the toolkit reports. ``exit_code`` is what `train`
-    exits with; ``str(err)`` is the message for the failure file."""
+    exits with; ``message`` is the summary for the failure file (``str(err)``
+    too, except for a failed process, whose str also carries its output)."""
 
     exit_code = 70
 
-    def __init__(self, message, exit_code=None):
+    def __init__(self, message="", exit_code=None):
+        # str(): toolkits written for sagemaker_training raise ClientError(e).
+        message = message if isinstance(message, str) else str(message)
         super().__init__(message)
         self.message = message
         if exit_code is not None:
@@ -109,11 +112,103 @@ class ClusterError(ClientError):
     exit_code = 79
 
 
+class SMTrainingCompilerConfigurationError(ConfigError):
+    """The SageMaker Training Compiler is configured wrongly (the
+    reference's name)."""
+
+
+class ChannelDoesNotExistError(ClientError):
+    """A data channel the job does not have was asked for."""
+
+    exit_code = 78
+
+    def __init__(self, channel_name):
+        super().__init__("Channel %s is not a valid channel" % channel_name)
+        self.channel_name = channel_name
+
+
+class UnsupportedFormatError(ClientError):
+    """A content type the framework cannot (de)serialize."""
+
+    def __init__(self, content_type, **kwargs):
+        super().__init__(
+            "Content type %s is not supported by this framework.\n\n"
+            "Please implement input_fn to deserialize the request data or an output_fn to\n"
+            "serialize the response. For more information, see the SageMaker Python SDK README."
+            % content_type)
+        self.content_type = content_type
+
+
 class ImportModuleError(ClientError):
     exit_code = 78
 
 
-class InstallError(ClientError):
+class _CalledProcessError(ClientError):
+    """A command failed. The call shape is sagemaker_training's, ``(cmd,
+    return_code=None, output=None, info=None)``; ``stderr_tail`` is another
+    name for ``output`` (the last bytes of its stderr), ``where`` says which
+    host or rank failed, ``message`` replaces the default summary.
+
+    ``message`` is one line (what failed, how, where); ``str(err)`` is the
+    reference's layout, output included, because framework toolkits search it
+    (PyTorch's looks for 'gloo::EnforceNotMet'). ``return_code`` is an int,
+    where the reference keeps a str.
+    """
+
+    def __init__(self, cmd, return_code=None, output=None, info=None, *, stderr_tail=None,
+                 where=None, message=None):
+        self.cmd = cmd
+        self.return_code = _as_int(return_code)
+        self.output = output if stderr_tail is None else stderr_tail
+        self.extra_info = info
+        self.where = where
+        super().__init__(message or self._summary())
+
+    @property
+    def stderr_tail(self):
+        return b"" if self.output is None else self.output
+
+    @stderr_tail.setter
+    def stderr_tail(self, value):
+        self.output = value
+
+    def _summary(self):
+        code = self.return_code
+        how = "exit code %s" % code
+        if isinstance(code, int) and code > 128:
+            import signal
+
+            try:
+                how += " (killed by %s)" % signal.Signals(code - 128).name
+            except ValueError:
+                pass
+        where = " on %s" % self.where if self.where else ""
+        cmd = self.cmd
+        if isinstance(cmd, (list, tuple)):
+            cmd = " ".join(str(part) for part in cmd)
+        return "%s%s: %s" % (how, where, cmd)
+
+    def __str__(self):
+        output = self.output
+        if isinstance(output, (bytes, bytearray)):
+            # A tail can start inside a multi-byte character.
+            output = bytes(output).decode("utf-8", "replace")
+        lines = ["%s:" % type(self).__name__, "ExitCode %s" % self.return_code,
+                 'ErrorMessage "%s"' % (output or "")]
+        if self.extra_info is not None:
+            lines.append('ExtraInfo "%s"' % (self.extra_info,))
+        lines.append('Command "%s"' % (self.cmd,))
+        return "\n".join(lines).strip()
+
+
+def _as_int(code):
+    try:
+        return int(code)
+    except (TypeError, ValueError):
+        return code
+
+
+class InstallError(_CalledProcessError):
     exit_code = 72
 
 
@@ -125,26 +220,11 @@ class InstallModuleError(InstallError):
     pass
 
 
-class ExecuteUserScriptError(ClientError):
+class ExecuteUserScriptError(_CalledProcessError):
     """The user's process failed. ``exit_code`` is its own exit code (signal N
     -> 128+N); ``stderr_tail`` the last bytes it wrote to stderr."""
 
-    def __init__(self, cmd, return_code, stderr_tail=b"", where=None):
-        self.cmd = list(cmd)
-        self.return_code = return_code
-        self.stderr_tail = stderr_tail
-        self.where = where
-        super().__init__(self._summary(), exit_code=return_code)
-
-    def _summary(self):
+    def __init__(self, cmd, return_code=None, output=None, info=None, **kwargs):
+        super().__init__(cmd, return_code, output, info, **kwargs)
         code = self.return_code
-        how = "exit code %d" % code
-        if code > 128:
-            import signal
-
-            try:
-                how += " (killed by %s)" % signal.Signals(code - 128).name
-            except ValueError:
-                pass
-        where = " on %s" % self.where if self.where else ""
-        return "%s%s: %s" % (how, where, " ".join(self.cmd))
+        self.exit_code = code if isinstance(code, int) and 0 < code < 256 else 1

@@ -30,34 +30,46 @@ def failed_requirement(pip_stderr):
     return None
 
 
-def install_steps(code_dir, python=None):
-    """The pip commands a code dir needs, in order, as (label, argv)."""
-    python = python or sys.executable
-    pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
+def pip_install(python=None):
+    """The start of every pip install command the toolkit runs."""
+    return [python or sys.executable, "-m", "pip", "install", "--disable-pip-version-check",
+            "--no-input"]
+
+
+def install_steps(code_dir, python=None, requirements="requirements.txt", package=True):
+    """The pip commands a code dir needs, in order, as (label, argv):
+    `requirements` (a file name in the code dir) when it exists, then the code
+    dir itself when `package` and it holds setup.py / pyproject.toml."""
+    pip = pip_install(python)
     steps = []
-    requirements = os.path.join(code_dir, "requirements.txt")
-    if os.path.isfile(requirements):
-        steps.append(("requirements", pip + ["-r", "requirements.txt"]))
-    if any(os.path.isfile(os.path.join(code_dir, f)) for f in ("setup.py", "pyproject.toml")):
+    if requirements and os.path.isfile(os.path.join(code_dir, requirements)):
+        steps.append(("requirements", pip + ["-r", requirements]))
+    if package and any(os.path.isfile(os.path.join(code_dir, f))
+                       for f in ("setup.py", "pyproject.toml")):
         steps.append(("package", pip + ["."]))
     return steps
 
 
-def install(code_dir, supervisor, python=None):
+def install_error(label, argv, code_dir, outcome):
+    """The error for a failed pip command: it names what pip could not install
+    and carries pip's stderr tail."""
+    failed = failed_requirement(outcome.stderr_tail)
+    if label == "requirements":
+        what = "requirement %r" % failed if failed else "a requirement"
+        requirements = argv[argv.index("-r") + 1] if "-r" in argv else "requirements.txt"
+        return InstallRequirementsError(
+            argv, outcome.exit_code, outcome.stderr_tail,
+            message="pip could not install %s from %s (pip exit code %d)"
+            % (what, os.path.join(code_dir, requirements), outcome.exit_code))
+    return InstallModuleError(
+        argv, outcome.exit_code, outcome.stderr_tail,
+        message="pip could not install the package in %s%s (pip exit code %d)"
+        % (code_dir, ": %s" % failed if failed else "", outcome.exit_code))
+
+
+def install(code_dir, supervisor, python=None, requirements="requirements.txt", package=True):
     """Run the install steps; a failure raises an error naming what failed."""
-    for label, argv in install_steps(code_dir, python):
+    for label, argv in install_steps(code_dir, python, requirements, package):
         outcome = supervisor.run(argv, cwd=code_dir)
-        if outcome.exit_code == 0:
-            continue
-        failed = failed_requirement(outcome.stderr_tail)
-        if label == "requirements":
-            what = "requirement %r" % failed if failed else "a requirement"
-            error = InstallRequirementsError(
-                "pip could not install %s from %s (pip exit code %d)"
-                % (what, os.path.join(code_dir, "requirements.txt"), outcome.exit_code))
-        else:
-            error = InstallModuleError(
-                "pip could not install the package in %s%s (pip exit code %d)"
-                % (code_dir, ": %s" % failed if failed else "", outcome.exit_code))
-        error.stderr_tail = outcome.stderr_tail
-        raise error
+        if outcome.exit_code != 0:
+            raise install_error(label, argv, code_dir, outcome)

@@ -3,7 +3,7 @@ import json
 import os
 import time
 
-from .errors import ExecuteUserScriptError
+from .errors import ExecuteUserScriptError, ToolkitError
 
 # The platform shows the first 1024 characters of `failure`: the summary and
 # the end of the user's stderr (where the root cause usually is) go there.
@@ -22,10 +22,16 @@ def _tail_text(tail):
     return tail.decode("utf-8", "replace") if isinstance(tail, bytes) else (tail or "")
 
 
+def summary(error):
+    """An error's summary: its ``message`` (the str of a failed process also
+    holds its output, which the report shows once, on its own)."""
+    return error.message if isinstance(error, ToolkitError) else str(error)
+
+
 def root_cause(error):
     """One line saying why the job failed: the error summary plus, for a user
     failure, the last non-empty stderr line (an exception's message)."""
-    lines = [l for l in str(error).splitlines() if l.strip()]
+    lines = [l for l in summary(error).splitlines() if l.strip()]
     line = "%s: %s" % (error.kind, lines[0] if lines else "")
     if len(lines) > 1:
         line += " | " + lines[-1].strip()
@@ -40,7 +46,7 @@ def root_cause(error):
 def failure_text(error):
     """The failure report: headline first (what failed, how, the end of the
     user's stderr, within the first 1024 characters), then the whole tail."""
-    head = "%s: %s\nexit code: %d\n" % (error.kind, error, error.exit_code)
+    head = "%s: %s\nexit code: %d\n" % (error.kind, summary(error), error.exit_code)
     tail = _tail_text(getattr(error, "stderr_tail", b""))
     if not tail:
         return head
@@ -78,7 +84,7 @@ class Reporter:
         phase["end"] = time.time()
         phase["ok"] = ok
         if error is not None:
-            phase["error"] = str(error)
+            phase["error"] = summary(error)
 
     def set(self, **fields):
         self.status.update(fields)

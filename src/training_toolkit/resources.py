@@ -46,7 +46,10 @@ def num_gpus():
     return _probe("gpus", ["nvidia-smi", "--list-gpus"], _count_gpu_lines)
 
 
-def num_neurons():
+def num_neurons(instance_type=None):
+    # A trn2.48xlarge has 64 cores; sagemaker_training counts them without neuron-ls.
+    if instance_type and "trn2.48xlarge" in instance_type:
+        return 64
     return _probe("neurons", ["neuron-ls", "-j"], _count_neuron_cores)
 
 

@@ -103,7 +103,7 @@ def train():
 
 def _fail(reporter, error):
     mine = reporter.failed(error)
-    log.error("%s: %s%s" % (error.kind, str(error).splitlines()[0] if str(error) else "",
+    log.error("%s: %s%s" % (error.kind, error.message.splitlines()[0] if error.message else "",
                             "" if mine else " (keeping the failure file the job wrote)"))
     return error.exit_code
 

@@ -7,14 +7,15 @@ from .. import params
 
 
 class RunnerType(enum.Enum):
-    """Same members as sagemaker_training.runner.RunnerType."""
+    """The members (and values) of sagemaker_training.runner.RunnerType, and
+    `Driver`: a custom DistributedConfig's own driver script (SDK v3)."""
 
-    Process = "process"
-    MPI = "mpi"
-    SMDataParallel = "smddp"
-    TorchDistributed = "torchrun"
-    # A custom DistributedConfig's own driver script (SDK v3).
-    Driver = "driver"
+    MPI = "MPI"
+    Process = "Process"
+    SMDataParallel = "SMDataParallel"
+    PyTorchXLA = "PyTorchXLA"
+    TorchDistributed = "TorchDistributed"
+    Driver = "Driver"
 
 
 _MODULES = {
@@ -22,30 +23,34 @@ _MODULES = {
     RunnerType.MPI: "mpi",
     RunnerType.SMDataParallel: "smddp",
     RunnerType.TorchDistributed: "torchrun",
+    RunnerType.PyTorchXLA: "pytorch_xla",
     RunnerType.Driver: "driver",
 }
-_BY_CONFIG_TYPE = {"torchrun": RunnerType.TorchDistributed, "mpi": RunnerType.MPI,
-                   "smddp": RunnerType.SMDataParallel, "custom": RunnerType.Driver}
+# What an SDK v3 tree runs (v3.V3Job.runner) -> the runner that runs it. A
+# SourceCode.command is one process, like a plain entry script.
+_BY_V3_RUNNER = {"process": RunnerType.Process, "command": RunnerType.Process,
+                 "torchrun": RunnerType.TorchDistributed, "mpi": RunnerType.MPI,
+                 "smddp": RunnerType.SMDataParallel, "driver": RunnerType.Driver}
 
 
 def select(env):
-    """The runner a job asks for: its DistributedConfig (v3 layout, or the
-    legacy torch_distributed switch), else its framework parameters. The
-    legacy switches apply only to hosts of the distribution instance groups."""
-    if env.distributed is not None and (
-            env.distribution_instance_groups == [] or
-            env.current_instance_group in env.distribution_instance_groups):
-        return _BY_CONFIG_TYPE[env.distributed["type"]]
-    fp = env.additional_framework_parameters
-    if env.current_instance_group not in env.distribution_instance_groups:
+    """The runner a job asks for: its SDK v3 layout, else its framework
+    parameters. Distributed runners apply only to hosts of the distribution
+    instance groups; the other hosts run the program as one process."""
+    distributing = env.current_instance_group in env.distribution_instance_groups
+    if env.v3_job is not None:
+        runner = _BY_V3_RUNNER[env.v3_job.runner]
+        return runner if distributing or not env.v3_job.is_distributed else RunnerType.Process
+    if not distributing:
         return RunnerType.Process
-    if params.is_true(fp.get(params.SMDDP_ENABLED)) or params.is_true(
-            fp.get(params.PYTORCH_DDP_ENABLED)):
-        return RunnerType.SMDataParallel
-    if params.is_true(fp.get(params.MPI_ENABLED)):
-        return RunnerType.MPI
-    if params.is_true(fp.get(params.TORCH_DISTRIBUTED_ENABLED)):
-        return RunnerType.TorchDistributed
+    fp = env.additional_framework_parameters
+    for switches, runner in (
+            ((params.SMDDP_ENABLED, params.PYTORCH_DDP_ENABLED), RunnerType.SMDataParallel),
+            ((params.MPI_ENABLED,), RunnerType.MPI),
+            ((params.TORCH_DISTRIBUTED_ENABLED,), RunnerType.TorchDistributed),
+            ((params.XLA_MULTI_WORKER_ENABLED,), RunnerType.PyTorchXLA)):
+        if any(params.is_true(fp.get(s)) for s in switches):
+            return runner
     return RunnerType.Process
 
 

@@ -24,7 +24,7 @@ from .. import rank as rank_wrapper
 from ..errors import ClusterError, ConfigError, MissingProgramError
 from ..supervise import KillTimer
 from .coordination import JobMaster, JobWorker
-from .plan import Command, LaunchPlan, PYTHON_PROGRAM, base_env, entry_kind, program_argv
+from .plan import Command, LaunchPlan, PYTHON_PROGRAM, base_env, user_program
 
 NAME = "mpi"
 MPI_OPTIONS = (
@@ -47,7 +47,7 @@ class MpiSettings:
 
     def __init__(self, env, options, custom_key=params.MPI_CUSTOM_OPTIONS):
         fp = dict(env.additional_framework_parameters)
-        config = (env.distributed or {}).get("config") or {}
+        config = env.distributed or {}
         if config.get("process_count_per_node"):
             fp[params.MPI_PROCESSES_PER_HOST] = config["process_count_per_node"]
         if config.get("mpi_additional_options"):
@@ -97,8 +97,8 @@ def ranks_dir(env):
 def rank_program(env, entry_point, args, prefix=()):
     """A Python program runs under `python -m mpi4py` when mpi4py is there,
     so an uncaught exception aborts the job instead of hanging it."""
-    argv = program_argv(env.code_dir, entry_point, args)
-    if entry_kind(env.code_dir, entry_point) == PYTHON_PROGRAM and \
+    kind, argv = user_program(env, entry_point, args)
+    if kind == PYTHON_PROGRAM and \
             importlib.util.find_spec("mpi4py") is not None:
         argv = argv[:1] + ["-m", "mpi4py"] + argv[1:]
     return list(prefix) + argv

@@ -8,6 +8,8 @@ import os
 import shlex
 import sys
 
+from .. import params
+
 PYTHON_PROGRAM = "python-program"
 PYTHON_PACKAGE = "python-package"
 COMMAND = "command"
@@ -69,29 +71,45 @@ class LaunchPlan:
         }
 
 
-def entry_kind(code_dir, entry_point):
+def job_python():
+    """The interpreter that runs the user's Python and every Python-level
+    launcher (torch.distributed.run, mpi4py, xla_spawn): the one `train` runs
+    on, never whichever `torchrun` comes first on PATH."""
+    return sys.executable
+
+
+def entry_kind(code_dir, entry_point, packages=True):
     """How the entry point runs: a `.sh` is a command; a code dir with
-    setup.py/pyproject.toml is a package run with `python -m`; `.py` is a
-    program; anything else is a command."""
+    setup.py/pyproject.toml is a package run with `python -m` (unless
+    `packages` is false: SDK v3 jobs run their entry script as it is); `.py`
+    is a program; anything else is a command."""
     if entry_point.endswith(".sh"):
         return COMMAND
-    if any(os.path.exists(os.path.join(code_dir, f)) for f in ("setup.py", "pyproject.toml")):
+    if packages and any(os.path.exists(os.path.join(code_dir, f))
+                        for f in ("setup.py", "pyproject.toml")):
         return PYTHON_PACKAGE
     if entry_point.endswith(".py"):
         return PYTHON_PROGRAM
     return COMMAND
 
 
-def program_argv(code_dir, entry_point, args, python=None):
+def program_argv(code_dir, entry_point, args, python=None, packages=True):
     """The user's program as an argv list, run from the code dir."""
-    python = python or sys.executable
-    kind = entry_kind(code_dir, entry_point)
+    python = python or job_python()
+    kind = entry_kind(code_dir, entry_point, packages)
     if kind == PYTHON_PACKAGE:
         module = entry_point[:-3] if entry_point.endswith(".py") else entry_point
         return [python, "-m", module.replace("/", ".")] + list(args)
     if kind == PYTHON_PROGRAM:
         return [python, entry_point] + list(args)
     return [os.path.join(code_dir, entry_point)] + list(args)
+
+
+def user_program(env, entry_point, args):
+    """(kind, argv) of the user's program in this job."""
+    packages = env.v3_job is None
+    return (entry_kind(env.code_dir, entry_point, packages),
+            program_argv(env.code_dir, entry_point, args, packages=packages))
 
 
 def base_env(env, extra=None):
@@ -101,7 +119,7 @@ def base_env(env, extra=None):
     out["PYTHONUNBUFFERED"] = "1"
     out["CURRENT_HOST"] = env.current_host
     if env.job_name:
-        out["TRAINING_JOB_NAME"] = env.job_name
+        out[params.TRAINING_JOB_ENV] = env.job_name
     if env.region:
         out["SAGEMAKER_REGION"] = env.region
     if extra:

@@ -1,11 +1,17 @@
-"""The single-process runner: the user's program, once, on this host."""
-from .plan import Command, LaunchPlan, base_env, program_argv
+"""The single-process runner: the user's program, once, on this host (or,
+for an SDK v3 job, its SourceCode.command, run by bash as sm_train.sh would)."""
+from .. import resources
+from .plan import Command, LaunchPlan, base_env, user_program
 
 NAME = "process"
 
 
 def plan(env, entry_point, args, extra_env=None, options=None):
-    argv = program_argv(env.code_dir, entry_point, args)
+    v3_job = env.v3_job
+    if v3_job is not None and v3_job.runner == "command":
+        argv = [resources.which("bash") or "/bin/sh", "-c", v3_job.command]
+    else:
+        argv = user_program(env, entry_point, args)[1]
     return LaunchPlan(NAME, env.current_host, "single",
                       Command(argv, base_env(env, extra_env), env.code_dir))
 

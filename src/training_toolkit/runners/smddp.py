@@ -40,7 +40,7 @@ class Backend:
 
 def requested_backend(env):
     """`auto` or `nccl`, from the v3 SMDDP config or the hyperparameter."""
-    config = (env.distributed or {}).get("config") or {}
+    config = env.distributed or {}
     options = config.get("communication_options") or {}
     value = options.get("backend") or env.framework_param(params.COMMUNICATION_BACKEND, "auto")
     if value not in BACKENDS:

@@ -10,14 +10,13 @@ every host, and every host ends with the failing rank's exit code.
 import os
 import signal
 import socket
-import sys
 import time
 
 from .. import control, log, params, resources, ssh
 from .. import rank as rank_wrapper
 from ..errors import ConfigError, MissingProgramError
 from .coordination import JobMaster, JobWorker
-from .plan import Command, LaunchPlan, PYTHON_PACKAGE, base_env, entry_kind, program_argv
+from .plan import Command, LaunchPlan, PYTHON_PACKAGE, base_env, job_python, user_program
 
 NAME = "torchrun"
 MAX_RESTARTS = "sagemaker_torch_distributed_max_restarts"
@@ -28,7 +27,7 @@ EFA_RDMA_INSTANCES = ("ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.trn1.32xlarge")
 
 class TorchrunSettings:
     def __init__(self, env, options=None):
-        config = dict((env.distributed or {}).get("config") or {})
+        config = dict(env.distributed or {})
         fp = dict(env.additional_framework_parameters)
         fp.update(options or {})
         self.hosts = env.distribution_hosts
@@ -65,8 +64,9 @@ def network_env(instance_type, interface):
 
 
 def launcher():
-    found = resources.which("torchrun")
-    return [found] if found else [sys.executable, "-m", "torch.distributed.run"]
+    """torchrun of the job's own interpreter: a `torchrun` on PATH may belong
+    to another Python, whose rank wrapper and torch would not be the job's."""
+    return [job_python(), "-m", "torch.distributed.run"]
 
 
 def torchrun_argv(settings, program):
@@ -85,9 +85,9 @@ def torchrun_argv(settings, program):
 
 def plan(env, entry_point, args, extra_env=None, options=None):
     settings = TorchrunSettings(env, options)
-    program = program_argv(env.code_dir, entry_point, args)
-    if entry_kind(env.code_dir, entry_point) == PYTHON_PACKAGE:
-        program = [sys.executable, "-m"] + program[2:]
+    kind, program = user_program(env, entry_point, args)
+    if kind == PYTHON_PACKAGE:
+        program = [job_python(), "-m"] + program[2:]
     is_master = env.current_host == settings.master
     user_env = base_env(env, dict(settings.network_env, **(extra_env or {})))
     user_env[rank_wrapper.CONTROL_ENV] = "%s:%d" % (
@@ -102,9 +102,7 @@ def plan(env, entry_point, args, extra_env=None, options=None):
 
 def run(launch, supervisor, env):
     settings = launch.settings
-    if launch.command.argv[0] != sys.executable and not os.access(launch.command.argv[0],
-                                                                  os.X_OK):
-        raise MissingProgramError("torchrun is not installed (pip install torch)")
+    require_module("torch", "torch.distributed.run")
     local = supervisor.stop
     deadline = time.monotonic() + ssh.deadline_seconds(os.environ)
     workers = [h for h in settings.hosts if h != settings.master]
@@ -137,6 +135,16 @@ def run(launch, supervisor, env):
         return worker.outcome(supervisor.terminating)
     finally:
         supervisor.on_terminate = None
+
+
+def require_module(package, launcher_module):
+    """A Python-level launcher's package must be installed for the job's
+    interpreter (found, not imported: importing torch takes seconds)."""
+    import importlib.util
+
+    if importlib.util.find_spec(package) is None:
+        raise MissingProgramError("%s is not installed for %s, which runs %s (pip install %s)"
+                                  % (package, job_python(), launcher_module, package))
 
 
 def check_port_free(port, env):

@@ -1,0 +1,217 @@
+"""The SageMaker SDK v3 job layout: what `input/data/sm_drivers/` asks for.
+
+`ModelTrainer` (sagemaker-train) ships the user's code as the `code` channel
+and its drivers as the `sm_drivers` channel, holding:
+
+* `distributed.json`: the DistributedConfig's fields only (`{}` without one);
+* `sourcecode.json`: the SourceCode (entry_script, command, args,
+  requirements, source_dir, ignore_patterns);
+* `sm_train.sh`: the only file that names what runs, in a line
+  `$SM_PYTHON_CMD /opt/ml/input/data/sm_drivers/distributed_drivers/<script>`,
+  or a `command` in a quoted heredoc;
+* `distributed_drivers/`: the SDK's drivers, with a custom config's
+  `driver_dir` copied over them.
+
+`read()` turns those files into a `V3Job`: which runner runs the job and with
+what. The SDK's own drivers map to the toolkit's runners (with supervision,
+fail-fast and verdicts on top); any other driver script runs as it is.
+Nothing heavy is imported here: built-in configs are validated by
+`distributed` only when a tree has one.
+"""
+import json
+import os
+import re
+import shlex
+
+from .errors import ConfigError
+
+DRIVERS_SUBDIR = "distributed_drivers"
+BASIC_DRIVER = "basic_script_driver.py"
+
+# The SDK's driver scripts -> (the toolkit runner that replaces it, the fields
+# of its config). The field sets are those of distributed.Torchrun/MPI/SMDDP
+# (a unit test keeps them equal) and decide, with sm_train.sh absent, which
+# built-in config a bare distributed.json is.
+BUILTIN_DRIVERS = {
+    "torchrun_driver.py": ("torchrun", frozenset(("process_count_per_node", "smp",
+                                                  "max_restarts"))),
+    "mpi_driver.py": ("mpi", frozenset(("process_count_per_node", "mpi_additional_options"))),
+    "smddp_driver.py": ("smddp", frozenset(("process_count_per_node",
+                                            "communication_options"))),
+}
+RUNNER_CONFIG_CLASS = {"torchrun": "Torchrun", "mpi": "MPI", "smddp": "SMDDP"}
+
+_DRIVER_LINE = re.compile(r"^[ \t]*\$SM_PYTHON_CMD\s+\S*/%s/([^\s/'\"]+)\s*$" % DRIVERS_SUBDIR,
+                          re.M)
+_COMMAND_HEREDOC = re.compile(r"<<'SAGEMAKER_BASE_COMMAND_EOF'\n(.*?)\nSAGEMAKER_BASE_COMMAND_EOF",
+                              re.S)
+
+
+class V3Job:
+    """What a v3 tree runs. `runner` is one of process, command, torchrun,
+    mpi, smddp or driver; `driver_script` the file in distributed_drivers/
+    (for `driver`); `config` distributed.json's fields; `command` the shell
+    line of SourceCode.command with its args."""
+
+    __slots__ = ("runner", "driver_script", "config", "entry_script", "command",
+                 "requirements", "archive")
+
+    def __init__(self, runner, config, entry_script=None, driver_script=None, command=None,
+                 requirements=None, archive=None):
+        self.runner = runner
+        self.config = config
+        self.entry_script = entry_script
+        self.driver_script = driver_script
+        self.command = command
+        self.requirements = requirements
+        self.archive = archive
+
+    @property
+    def is_distributed(self):
+        return self.runner not in ("process", "command")
+
+    def to_dict(self):
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+def drivers_path(paths, script=""):
+    return os.path.join(paths.drivers_dir, DRIVERS_SUBDIR, script)
+
+
+def _read_text(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise ConfigError("cannot read: %s" % e.strerror, path=path)
+
+
+def named_driver(train_script):
+    """The driver script sm_train.sh runs, or None."""
+    found = _DRIVER_LINE.findall(train_script)
+    return found[-1] if found else None
+
+
+def named_command(train_script):
+    """The command sm_train.sh evaluates (SourceCode.command), or None."""
+    found = _COMMAND_HEREDOC.search(train_script)
+    return found.group(1) if found else None
+
+
+def command_line(source_code):
+    """SourceCode.command with its args, as the SDK builds it: the command
+    split on whitespace, each arg shell-quoted."""
+    parts = source_code["command"].split()
+    parts += [shlex.quote(str(a)) for a in source_code.get("args") or ()]
+    return " ".join(parts)
+
+
+def cmd_args(hyperparameters):
+    """argv of the v3 drivers: `--key value` for every key (one-letter keys
+    too), in the document's order; strings raw, everything else JSON."""
+    args = []
+    for key, value in hyperparameters.items():
+        args += ["--%s" % key, value if isinstance(value, str) else json.dumps(value)]
+    return args
+
+
+def _builtin_by_fields(config, path):
+    """The built-in config a bare distributed.json is, when its fields say so
+    unambiguously (no sm_train.sh to name the driver)."""
+    if not config:
+        return "process"
+    keys = set(config)
+    fits = [runner for runner, fields in BUILTIN_DRIVERS.values() if keys <= fields]
+    telling = [runner for runner, fields in BUILTIN_DRIVERS.values()
+               if keys <= fields and keys - {"process_count_per_node"}]
+    if len(telling) == 1:
+        return telling[0]
+    if fits:
+        raise ConfigError(
+            "fields %s fit %s alike, and sm_train.sh, which names the driver, is missing "
+            "from %s" % (sorted(keys), _and([RUNNER_CONFIG_CLASS[r] for r in fits]),
+                         os.path.dirname(path)), path=path)
+    raise ConfigError(
+        "fields %s are not those of a built-in config (Torchrun, MPI, SMDDP), so this is a "
+        "custom DistributedConfig; its driver is named only in sm_train.sh, which is missing "
+        "from %s" % (sorted(keys), os.path.dirname(path)), path=path)
+
+
+def _and(names):
+    return names[0] if len(names) == 1 else "%s and %s" % (", ".join(names[:-1]), names[-1])
+
+
+def validate_builtin(runner, config, path):
+    """A built-in config's fields, checked and completed by its class."""
+    from . import distributed
+
+    cls = getattr(distributed, RUNNER_CONFIG_CLASS[runner])
+    try:
+        return cls.model_validate(config).model_dump()
+    except ConfigError as e:
+        raise ConfigError(str(e), path=path) from None
+
+
+def read(paths, distributed_doc, source_code):
+    """The V3Job of the tree at `paths`, from its distributed.json and
+    sourcecode.json documents (None when absent) and its sm_train.sh."""
+    config_file = paths.distributed_config_file
+    config = {} if distributed_doc is None else distributed_doc
+    if not isinstance(config, dict):
+        raise ConfigError("must be a JSON object (the DistributedConfig's fields)",
+                          path=config_file)
+    source_code = {} if source_code is None else source_code
+    if not isinstance(source_code, dict):
+        raise ConfigError("must be a JSON object (the SourceCode's fields)",
+                          path=paths.source_code_file)
+    entry = source_code.get("entry_script") or None
+    requirements = source_code.get("requirements") or None
+    source_dir = source_code.get("source_dir") or ""
+    archive = os.path.basename(source_dir) if source_dir.endswith(".tar.gz") else None
+    train_script_file = os.path.join(paths.drivers_dir, "sm_train.sh")
+    train_script = _read_text(train_script_file)
+
+    def job(runner, **kw):
+        if runner in RUNNER_CONFIG_CLASS:
+            kw["config"] = validate_builtin(runner, config, config_file)
+        kw.setdefault("config", config)
+        return V3Job(runner, entry_script=entry, requirements=requirements, archive=archive,
+                     **kw)
+
+    command = named_command(train_script) if train_script is not None else None
+    if command is None and source_code.get("command"):
+        command = command_line(source_code)
+    if command is not None:
+        return job("command", command=command)
+
+    if train_script is not None:
+        script = named_driver(train_script)
+        if script is None:
+            raise ConfigError(
+                "names no driver (a line `$SM_PYTHON_CMD /opt/ml/input/data/sm_drivers/"
+                "%s/<driver_script>`) and no command" % DRIVERS_SUBDIR, path=train_script_file)
+        if script == BASIC_DRIVER:
+            runner = "process"
+        elif script in BUILTIN_DRIVERS and set(config) <= BUILTIN_DRIVERS[script][1]:
+            runner = BUILTIN_DRIVERS[script][0]
+        else:  # a custom config's own driver (it may even reuse an SDK driver's name)
+            if not os.path.isfile(drivers_path(paths, script)):
+                why = ""
+                if script in BUILTIN_DRIVERS:
+                    runner, fields = BUILTIN_DRIVERS[script]
+                    why = "; %s's fields %s are not those of %s (%s)" % (
+                        os.path.basename(config_file), sorted(config),
+                        RUNNER_CONFIG_CLASS[runner], ", ".join(sorted(fields)))
+                raise ConfigError(
+                    "runs %s, which does not exist (a custom DistributedConfig's driver_dir "
+                    "is copied to %s)%s" % (drivers_path(paths, script), drivers_path(paths), why),
+                    path=train_script_file)
+            return job("driver", driver_script=script)
+    else:
+        runner = _builtin_by_fields(config, config_file)
+    if runner == "process" and not entry:
+        raise ConfigError("needs entry_script or command", path=paths.source_code_file,
+                          field="entry_script")
+    return job(runner)
