@@ -70,3 +70,25 @@ def test_unsafe_s3_archive_is_refused(tmp_path, s3_server):
     assert uri in job.failure()
     assert not os.path.exists(os.path.join(job.base, "outside.txt"))
     assert not os.listdir(job.paths.code_dir) if os.path.isdir(job.paths.code_dir) else True
+
+
+def test_framework_hook_brings_code_from_s3(tmp_path, s3_server):
+    """A hook's entry_point.run(uri=<s3 URI>) fetches into the code dir, as
+    sagemaker_training's does."""
+    hook = tmp_path / "hookpkg"
+    hook.mkdir()
+    (hook / "s3hook.py").write_text(
+        "from training_toolkit import entry_point, environment, runner\n"
+        "def main():\n"
+        "    env = environment.Environment()\n"
+        "    entry_point.run(uri=env.module_dir, user_entry_point=env.user_entry_point,\n"
+        "                    args=env.to_cmd_args(), env_vars=env.to_env_vars(),\n"
+        "                    runner_type=runner.ProcessRunnerType)\n")
+    archive = make_tar_gz(tmp_path / "sourcedir.tar.gz", {"train.py": ENTRY.encode()})
+    uri = upload(s3_server, "jobs", "hook/sourcedir.tar.gz", archive)
+    job, env = s3_job(tmp_path, uri, s3_server)
+    env.update(SAGEMAKER_TRAINING_MODULE="s3hook:main", PYTHONPATH=str(hook))
+    r = job.run(env=env)
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    assert job.exists("model", "ran")
+    assert os.path.exists(os.path.join(job.paths.code_dir, "train.py"))
