@@ -72,7 +72,7 @@ def install_dependencies(env, supervisor):
 
     v3_job = env.v3_job
     if v3_job is None:
-        return pip_install(env.code_dir, supervisor)
+        return pip_install(env.code_dir, supervisor, env.job_python)
     requirements = v3_job.requirements
     if requirements == "auto":  # JumpStart: requirements.txt when there is one
         requirements = "requirements.txt"
@@ -82,7 +82,8 @@ def install_dependencies(env, supervisor):
         raise CodeNotFoundError("requirements file %r not found in %s"
                                 % (requirements, env.code_dir), uri=env.paths.source_code_file)
     if requirements:
-        pip_install(env.code_dir, supervisor, requirements=requirements, package=False)
+        pip_install(env.code_dir, supervisor, env.job_python, requirements=requirements,
+                    package=False)
 
 
 def check_entry_point(env, entry_point):
@@ -123,10 +124,16 @@ def _inside(directory, path):
     return os.path.commonpath([real_dir, os.path.realpath(path)]) == real_dir
 
 
-def plan(env, entry_point=None, args=None, runner_type=None, env_vars=None, extra_opts=None):
-    """The launch plan for this host (pure: nothing is started)."""
+def plan(env, entry_point=None, args=None, runner_type=None, env_vars=None, extra_opts=None,
+         command=None):
+    """The launch plan for this host (pure: nothing is started). An explicit
+    `command` (`train -- COMMAND`) runs as one process, as it is."""
     from .runners import select
 
+    if command:
+        from .runners import process
+
+        return process.plan_command(env, command, env_vars)
     runner_type = runner_type or select(env)
     entry_point = entry_point or env.user_entry_point
     args = env.to_cmd_args() if args is None else list(args)
@@ -142,14 +149,17 @@ def prepare(env, supervisor, reporter, uri=None):
 
 
 def launch(env, supervisor, reporter, entry_point=None, args=None, runner_type=None,
-           env_vars=None, extra_opts=None, wait=True):
+           env_vars=None, extra_opts=None, wait=True, command=None):
     """Run the prepared code; returns the Outcome of a successful run and
     raises ExecuteUserScriptError for a failed one. With wait=False, returns
     the started process of a single-process plan instead."""
     entry_point = entry_point or env.user_entry_point
     args = env.to_cmd_args() if args is None else list(args)
-    check_entry_point(env, entry_point)
-    launch_plan = plan(env, entry_point, args, runner_type, env_vars, extra_opts)
+    if command is None:
+        check_entry_point(env, entry_point)
+    else:
+        entry_point = command[0]
+    launch_plan = plan(env, entry_point, args, runner_type, env_vars, extra_opts, command)
     if not wait:
         cmd = launch_plan.command
         return supervisor.start(cmd.argv, env=cmd.full_env(), cwd=cmd.cwd, relay_stderr=False)
@@ -170,11 +180,11 @@ def launch(env, supervisor, reporter, entry_point=None, args=None, runner_type=N
 
 
 def execute(env, supervisor, reporter, uri=None, entry_point=None, args=None,
-            runner_type=None, env_vars=None, extra_opts=None, wait=True):
+            runner_type=None, env_vars=None, extra_opts=None, wait=True, command=None):
     """Fetch, install and run (see `launch`)."""
     prepare(env, supervisor, reporter, uri)
     return launch(env, supervisor, reporter, entry_point, args, runner_type, env_vars,
-                  extra_opts, wait)
+                  extra_opts, wait, command)
 
 
 def current_job():
@@ -212,7 +222,7 @@ def install(name, path=None, capture_error=False):
         sys.path.insert(0, path)
     from .install import install as pip_install
 
-    pip_install(path, supervisor)
+    pip_install(path, supervisor, env.job_python)
     if entry_kind(path, name) == COMMAND:
         target = os.path.join(path, name)
         if not _inside(path, target):

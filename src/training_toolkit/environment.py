@@ -11,6 +11,7 @@ they are looked up.
 import collections.abc
 import json
 import os
+import sys
 
 from . import params, resources
 from .errors import ConfigError
@@ -195,6 +196,9 @@ class Environment(collections.abc.Mapping):
             dist_hosts = list(hosts)
         master = dist_hosts[0] if dist_hosts else hosts[0]
 
+        job_python = environ.get(params.JOB_PYTHON_ENV) or sys.executable
+        _require(os.path.isfile(job_python) and os.access(job_python, os.X_OK),
+                 "%r is not an executable file" % job_python, None, params.JOB_PYTHON_ENV)
         log_level = sagemaker_hps.get(params.LOG_LEVEL, 20)
         if isinstance(log_level, str) and log_level.isdigit():
             log_level = int(log_level)
@@ -231,6 +235,7 @@ class Environment(collections.abc.Mapping):
             module_dir=str(module_dir),
             code_dir=code_dir,
             v3_job=v3_job,
+            job_python=job_python,
             log_level=log_level,
             framework_module=environ.get(params.TRAINING_MODULE_ENV),
             job_name=sagemaker_hps.get(params.JOB_NAME) or environ.get(params.TRAINING_JOB_ENV),

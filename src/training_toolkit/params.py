@@ -52,6 +52,9 @@ S3_ENDPOINT_ENV = "S3_ENDPOINT_URL"
 REGION_ENV = "AWS_REGION"
 TRAINING_JOB_ENV = "TRAINING_JOB_NAME"  # set by the platform in the container
 GRACE_ENV = "SM_TERMINATION_GRACE_SECONDS"
+# The interpreter of the user's code when it is not the one `train` runs on
+# (a user's conda env or venv beside the toolkit's own).
+JOB_PYTHON_ENV = "TRAINING_TOOLKIT_PYTHON"
 DEFAULT_GRACE_SECONDS = 110.0
 DEFAULT_MASTER_PORT = 7777
 

@@ -2,6 +2,7 @@
 MPI wrapper on remote ranks reads the exported values instead of probing."""
 import json
 import os
+import sys
 
 _cache = {}
 
@@ -55,6 +56,34 @@ def num_neurons(instance_type=None):
 
 def num_cpus():
     return os.cpu_count() or 1
+
+
+def has_module(python, module):
+    """Whether `module` is importable by the interpreter `python`: found, not
+    imported (importing torch takes seconds); asked of that interpreter when
+    it is not this one. A dotted name imports its parents."""
+    key = ("module", python, module)
+    if key not in _cache:
+        if os.path.realpath(python) == os.path.realpath(sys.executable):
+            import importlib.util
+
+            try:
+                _cache[key] = importlib.util.find_spec(module) is not None
+            except ImportError:  # a parent package is missing
+                _cache[key] = False
+        else:
+            import subprocess
+
+            probe = ("import importlib.util, sys\ntry:\n    found = importlib.util.find_spec("
+                     "sys.argv[1]) is not None\nexcept ImportError:\n    found = False\n"
+                     "sys.exit(0 if found else 1)")
+            try:
+                _cache[key] = subprocess.run([python, "-c", probe, module], timeout=60,
+                                             stdout=subprocess.DEVNULL,
+                                             stderr=subprocess.DEVNULL).returncode == 0
+            except (OSError, subprocess.SubprocessError):
+                _cache[key] = False
+    return _cache[key]
 
 
 def processes_per_host(explicit=None):

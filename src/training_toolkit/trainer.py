@@ -9,7 +9,7 @@ import sys
 
 from . import entry_point, log, params
 from .environment import Environment
-from .errors import ClientError, InternalError, ToolkitError
+from .errors import ClientError, InternalError, ToolkitError, UsageError
 from .paths import JobPaths
 from .report import Reporter
 from .supervise import Supervisor, Terminated
@@ -51,8 +51,21 @@ def call_framework_hook(spec):
     function()
 
 
-def train():
-    """The whole job on this host; returns the exit code."""
+def explicit_command(argv):
+    """The command of `train -- COMMAND [ARGS]`, or None for `train` and
+    `train train` (SageMaker starts an image as `<entrypoint> train`)."""
+    if not argv or argv == ["train"]:
+        return None
+    if argv[0] == "--" and len(argv) > 1:
+        return list(argv[1:])
+    raise UsageError("unexpected arguments %s: run `train` (or `train train`) for the job's "
+                     "own entry point, or `train -- COMMAND [ARGS...]` for an explicit command"
+                     % " ".join(argv))
+
+
+def train(argv=()):
+    """The whole job on this host; returns the exit code. `argv` are the
+    arguments of `train` (see explicit_command)."""
     paths = JobPaths.from_environ()
     reporter = Reporter(paths)
     supervisor = Supervisor(grace_seconds())
@@ -61,20 +74,21 @@ def train():
     hook = None
     try:
         reporter.begin("contract")
+        command = explicit_command(list(argv))
         env = Environment.read(paths)
         log.set_level(env.log_level)
         reporter.set(host=env.current_host)
         reporter.end()
         for d in (paths.model_dir, paths.output_data_dir, paths.output_intermediate_dir):
             os.makedirs(d, exist_ok=True)
-        hook = env.framework_module
+        hook = None if command else env.framework_module
         if hook:
             reporter.begin("framework")
             reporter.set(runner="framework:" + hook)
             call_framework_hook(hook)
             reporter.end()
         else:
-            entry_point.execute(env, supervisor, reporter)
+            entry_point.execute(env, supervisor, reporter, command=command)
         reporter.succeeded()
         return 0
     except ToolkitError as error:
@@ -109,7 +123,7 @@ def _fail(reporter, error):
 
 
 def main():
-    code = train()
+    code = train(sys.argv[1:])
     if os.environ.get(params.TRAINING_MODULE_ENV):
         sys.exit(code)  # a framework hook may have atexit work of its own
     # The default flow leaves nothing to finalize: every child is reaped, the

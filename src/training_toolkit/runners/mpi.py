@@ -8,7 +8,6 @@ control port and wait for the verdict, which every host then reports.
 Rank output is tagged `[<host>,<rank>]<stdout>:` / `[<host>,<rank>]<stderr>:`
 (mpirun's --tag-output, with the job id replaced by the rank's host).
 """
-import importlib.util
 import json
 import os
 import re
@@ -98,8 +97,7 @@ def rank_program(env, entry_point, args, prefix=()):
     """A Python program runs under `python -m mpi4py` when mpi4py is there,
     so an uncaught exception aborts the job instead of hanging it."""
     kind, argv = user_program(env, entry_point, args)
-    if kind == PYTHON_PROGRAM and \
-            importlib.util.find_spec("mpi4py") is not None:
+    if kind == PYTHON_PROGRAM and resources.has_module(env.job_python, "mpi4py"):
         argv = argv[:1] + ["-m", "mpi4py"] + argv[1:]
     return list(prefix) + argv
 

@@ -71,13 +71,6 @@ class LaunchPlan:
         }
 
 
-def job_python():
-    """The interpreter that runs the user's Python and every Python-level
-    launcher (torch.distributed.run, mpi4py, xla_spawn): the one `train` runs
-    on, never whichever `torchrun` comes first on PATH."""
-    return sys.executable
-
-
 def entry_kind(code_dir, entry_point, packages=True):
     """How the entry point runs: a `.sh` is a command; a code dir with
     setup.py/pyproject.toml is a package run with `python -m` (unless
@@ -94,8 +87,9 @@ def entry_kind(code_dir, entry_point, packages=True):
 
 
 def program_argv(code_dir, entry_point, args, python=None, packages=True):
-    """The user's program as an argv list, run from the code dir."""
-    python = python or job_python()
+    """The user's program as an argv list, run from the code dir, by
+    `python` (default: the interpreter running this)."""
+    python = python or sys.executable
     kind = entry_kind(code_dir, entry_point, packages)
     if kind == PYTHON_PACKAGE:
         module = entry_point[:-3] if entry_point.endswith(".py") else entry_point
@@ -106,10 +100,11 @@ def program_argv(code_dir, entry_point, args, python=None, packages=True):
 
 
 def user_program(env, entry_point, args):
-    """(kind, argv) of the user's program in this job."""
+    """(kind, argv) of the user's program in this job, run by the job's
+    interpreter (`env.job_python`)."""
     packages = env.v3_job is None
     return (entry_kind(env.code_dir, entry_point, packages),
-            program_argv(env.code_dir, entry_point, args, packages=packages))
+            program_argv(env.code_dir, entry_point, args, env.job_python, packages))
 
 
 def base_env(env, extra=None):

@@ -16,6 +16,17 @@ def plan(env, entry_point, args, extra_env=None, options=None):
                       Command(argv, base_env(env, extra_env), env.code_dir))
 
 
+def plan_command(env, command, extra_env=None):
+    """An explicit command (`train -- COMMAND [ARGS]`), run as it is (found on
+    PATH, never through a shell) from the code dir when there is one."""
+    import os
+
+    cwd = env.code_dir if os.path.isdir(env.code_dir) else os.getcwd()
+    return LaunchPlan(NAME, env.current_host, "single",
+                      Command(command, base_env(env, extra_env), cwd),
+                      notes=("an explicit command, instead of the job's entry point",))
+
+
 def run(launch_plan, supervisor, env):
     """Start the plan's command under the supervisor; returns its Outcome."""
     cmd = launch_plan.command

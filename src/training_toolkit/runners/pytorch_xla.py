@@ -6,10 +6,9 @@ Each host runs `python -m torch_xla.distributed.xla_spawn --num_gpus G
 hosts, and with several hosts the master serves the XRT mesh. The plan is
 pure (printable without an XLA device); `run` checks for GPUs and torch_xla.
 """
-import importlib.util
-
+from .. import resources
 from ..errors import ConfigError
-from .plan import PYTHON_PROGRAM, Command, LaunchPlan, base_env, job_python, user_program
+from .plan import PYTHON_PROGRAM, Command, LaunchPlan, base_env, user_program
 
 NAME = "pytorch_xla"
 MESH_SERVICE_PORT = 53957
@@ -44,7 +43,7 @@ def plan(env, entry_point, args, extra_env=None, options=None):
     hosts = env.distribution_hosts
     user_env = base_env(env, dict(xla_env(hosts, env.current_host, env.master_hostname,
                                           env.num_gpus), **(extra_env or {})))
-    argv = [job_python(), "-m", LAUNCHER, "--num_gpus", str(env.num_gpus)] + program[1:]
+    argv = [env.job_python, "-m", LAUNCHER, "--num_gpus", str(env.num_gpus)] + program[1:]
     role = "single" if len(hosts) == 1 else ("master" if env.is_master else "worker")
     return LaunchPlan(NAME, env.current_host, role, Command(argv, user_env, env.code_dir),
                       notes=("XRT host ordinal %s of %d" % (user_env["XRT_HOST_ORDINAL"],
@@ -52,21 +51,15 @@ def plan(env, entry_point, args, extra_env=None, options=None):
 
 
 def run(launch, supervisor, env):
-    for package in ("torch_xla", LAUNCHER):
-        if _missing(package):
+    for module in ("torch_xla", LAUNCHER):
+        if not resources.has_module(env.job_python, module):
             raise ConfigError(
                 "%s is not installed for %s: the PyTorch XLA runner needs PyTorch XLA with "
                 "SageMaker's xla_spawn (the SageMaker Training Compiler images have both)"
-                % (package, job_python()), field="sagemaker_pytorch_xla_multi_worker_enabled")
+                % (module, env.job_python), field="sagemaker_pytorch_xla_multi_worker_enabled")
     if env.num_gpus < 1:
         raise ConfigError("distributed training through PyTorch XLA needs GPUs; %s has none"
                           % env.current_host, field="sagemaker_pytorch_xla_multi_worker_enabled")
     cmd = launch.command
     return supervisor.run(cmd.argv, env=cmd.full_env(), cwd=cmd.cwd)
 
-
-def _missing(module):
-    try:
-        return importlib.util.find_spec(module) is None
-    except ImportError:  # the parent package is missing
-        return True

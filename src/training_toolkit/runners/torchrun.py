@@ -10,13 +10,14 @@ every host, and every host ends with the failing rank's exit code.
 import os
 import signal
 import socket
+import sys
 import time
 
 from .. import control, log, params, resources, ssh
 from .. import rank as rank_wrapper
 from ..errors import ConfigError, MissingProgramError
 from .coordination import JobMaster, JobWorker
-from .plan import Command, LaunchPlan, PYTHON_PACKAGE, base_env, job_python, user_program
+from .plan import Command, LaunchPlan, PYTHON_PACKAGE, base_env, user_program
 
 NAME = "torchrun"
 MAX_RESTARTS = "sagemaker_torch_distributed_max_restarts"
@@ -63,14 +64,14 @@ def network_env(instance_type, interface):
     return out
 
 
-def launcher():
+def launcher(python):
     """torchrun of the job's own interpreter: a `torchrun` on PATH may belong
-    to another Python, whose rank wrapper and torch would not be the job's."""
-    return [job_python(), "-m", "torch.distributed.run"]
+    to another Python, whose torch would not be the job's."""
+    return [python, "-m", "torch.distributed.run"]
 
 
-def torchrun_argv(settings, program):
-    argv = launcher()
+def torchrun_argv(settings, program, python):
+    argv = launcher(python)
     if len(settings.hosts) == 1:
         argv += ["--standalone", "--nnodes", "1"]
     else:
@@ -79,22 +80,25 @@ def torchrun_argv(settings, program):
     argv += ["--nproc_per_node", str(settings.per_host)]
     if settings.max_restarts:
         argv += ["--max-restarts", str(settings.max_restarts)]
-    # torchrun runs `python -u -m training_toolkit.rank --tag -- PROGRAM`.
-    return argv + ["-m", "training_toolkit.rank", "--tag", "--"] + list(program)
+    # Each worker is the toolkit's rank wrapper (on the toolkit's interpreter,
+    # which may not be the job's), which then runs PROGRAM.
+    return argv + ["--no-python", sys.executable, "-u", "-m", "training_toolkit.rank", "--tag",
+                   "--"] + list(program)
 
 
 def plan(env, entry_point, args, extra_env=None, options=None):
     settings = TorchrunSettings(env, options)
     kind, program = user_program(env, entry_point, args)
     if kind == PYTHON_PACKAGE:
-        program = [job_python(), "-m"] + program[2:]
+        program = [env.job_python, "-m"] + program[2:]
     is_master = env.current_host == settings.master
     user_env = base_env(env, dict(settings.network_env, **(extra_env or {})))
     user_env[rank_wrapper.CONTROL_ENV] = "%s:%d" % (
         "127.0.0.1" if is_master else settings.master, settings.control_port)
     role = "single" if len(settings.hosts) == 1 else ("master" if is_master else "worker")
     return LaunchPlan(NAME, env.current_host, role,
-                      Command(torchrun_argv(settings, program), user_env, env.code_dir),
+                      Command(torchrun_argv(settings, program, env.job_python), user_env,
+                              env.code_dir),
                       settings=settings,
                       notes=("%d x %d processes; node rank %d" % (
                           len(settings.hosts), settings.per_host, settings.node_rank),))
@@ -102,7 +106,9 @@ def plan(env, entry_point, args, extra_env=None, options=None):
 
 def run(launch, supervisor, env):
     settings = launch.settings
-    require_module("torch", "torch.distributed.run")
+    if not resources.has_module(env.job_python, "torch"):
+        raise MissingProgramError("torch is not installed for %s, which runs "
+                                  "torch.distributed.run (pip install torch)" % env.job_python)
     local = supervisor.stop
     deadline = time.monotonic() + ssh.deadline_seconds(os.environ)
     workers = [h for h in settings.hosts if h != settings.master]
@@ -135,16 +141,6 @@ def run(launch, supervisor, env):
         return worker.outcome(supervisor.terminating)
     finally:
         supervisor.on_terminate = None
-
-
-def require_module(package, launcher_module):
-    """A Python-level launcher's package must be installed for the job's
-    interpreter (found, not imported: importing torch takes seconds)."""
-    import importlib.util
-
-    if importlib.util.find_spec(package) is None:
-        raise MissingProgramError("%s is not installed for %s, which runs %s (pip install %s)"
-                                  % (package, job_python(), launcher_module, package))
 
 
 def check_port_free(port, env):
