@@ -35,6 +35,8 @@ def cmd_local(args):
             raise UsageError("--channel %s=%s: not a directory" % (name, path))
     job_dir = os.path.abspath(args.job_dir) if args.job_dir else tempfile.mkdtemp(prefix="tt-job-")
     hps = _pairs(args.hp, "--hp")
+    if args.image:
+        return _local_containers(args, job_dir, entry, code_dir, channels, hps)
     if args.hosts > 1:
         return _local_cluster(args, job_dir, entry, code_dir, channels, hps)
     reset_run_state(job_dir)
@@ -60,33 +62,74 @@ def _write_distributed(args, job_dir, entry, code_dir):
     write_job(config, job_dir, entry, source_dir=code_dir, driver_root=args.driver_dir)
 
 
-def _local_cluster(args, job_dir, entry, code_dir, channels, hps):
-    """Rehearse a multi-host job: N simulated hosts (Linux namespaces, root),
-    each running `train` on its own job tree mounted at /opt/ml."""
+def _host_trees(args, job_dir, entry, code_dir, channels, hps, submit_dir):
+    """One job tree per host, `job_dir/algo-K`, as the platform lays them out."""
     from .jobtree import reset_run_state, write_job_tree
-    from .simcluster import SimCluster
 
-    n = args.hosts
-    hosts = ["algo-%d" % (i + 1) for i in range(n)]
+    hosts = ["algo-%d" % (i + 1) for i in range(args.hosts)]
     roots = [os.path.join(job_dir, h) for h in hosts]
     for host, root in zip(hosts, roots):
         reset_run_state(root)
-        write_job_tree(root, entry, code_dir, channels=channels, raw_hyperparameters=hps,
+        write_job_tree(root, entry, submit_dir, channels=channels, raw_hyperparameters=hps,
                        hosts=hosts, current_host=host, network_interface_name="eth0")
         _write_distributed(args, root, entry, code_dir)
-    shared = [job_dir, code_dir] + [os.path.abspath(p) for p in channels.values()]
-    env = {k: v for k, v in os.environ.items() if k not in (params.BASE_DIR_ENV, "TMPDIR")}
-    train = os.path.join(os.path.dirname(sys.executable), "train")
-    print("[training-toolkit] %d simulated hosts, job trees under %s" % (n, job_dir),
-          file=sys.stderr, flush=True)
-    with SimCluster(n, roots, shared_paths=shared) as cluster:
-        procs = [cluster.popen(h, [train], env=env) for h in hosts]
-        codes = [p.wait() for p in procs]
+    return hosts, roots
+
+
+def _verdict(hosts, roots, codes):
+    """Say where each host's model/ and output/ are; the job's exit code is
+    the first failing host's."""
     for host, root, code in zip(hosts, roots, codes):
         print("[training-toolkit] %s: %s\n  model:  %s/model\n  output: %s/output"
               % (host, "succeeded" if code == 0 else "failed with exit code %d" % code,
                  root, root), file=sys.stderr, flush=True)
     return next((c for c in codes if c != 0), 0)
+
+
+def _local_cluster(args, job_dir, entry, code_dir, channels, hps):
+    """Rehearse a multi-host job: N simulated hosts (Linux namespaces, root),
+    each running `train` on its own job tree mounted at /opt/ml."""
+    from .simcluster import SimCluster
+
+    hosts, roots = _host_trees(args, job_dir, entry, code_dir, channels, hps, code_dir)
+    shared = [job_dir, code_dir] + [os.path.abspath(p) for p in channels.values()]
+    env = {k: v for k, v in os.environ.items() if k not in (params.BASE_DIR_ENV, "TMPDIR")}
+    train = os.path.join(os.path.dirname(sys.executable), "train")
+    print("[training-toolkit] %d simulated hosts, job trees under %s" % (len(hosts), job_dir),
+          file=sys.stderr, flush=True)
+    with SimCluster(len(hosts), roots, shared_paths=shared) as cluster:
+        procs = [cluster.popen(h, [train], env=env) for h in hosts]
+        codes = [p.wait() for p in procs]
+    return _verdict(hosts, roots, codes)
+
+
+def _local_containers(args, job_dir, entry, code_dir, channels, hps):
+    """Run the job in N containers of --image (docker or podman), on a
+    network of their own, each with its own job tree at /opt/ml. Nothing in
+    a container refers to a host path: the code is copied into each tree's
+    code/, and channels are mounted read-only."""
+    import signal
+
+    from . import containers
+
+    if args.hosts < 1:
+        raise UsageError("--hosts %d: must be at least 1" % args.hosts)
+    hosts, roots = _host_trees(args, job_dir, entry, code_dir, channels, hps,
+                               containers.CODE_DIR)
+    for root in roots:
+        mounts = containers.prepare_tree(root, code_dir, channels)  # the same for every host
+    # SIGTERM ends us like Ctrl-C: through `with`, which removes the containers.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    with containers.Cluster(args.image, roots, mounts) as cluster:
+        print("[training-toolkit] %d container(s) of %s (%s), job trees under %s"
+              % (len(hosts), args.image, cluster.engine, job_dir), file=sys.stderr, flush=True)
+        try:
+            codes = cluster.start().wait()
+        except KeyboardInterrupt:
+            print("[training-toolkit] interrupted: removing the containers", file=sys.stderr,
+                  flush=True)
+            return 130
+    return _verdict(hosts, roots, [codes[h] for h in hosts])
 
 
 def _environment(args):
@@ -141,7 +184,10 @@ def parser():
     local.add_argument("--channel", action="append", metavar="NAME=DIR", help="input channel")
     local.add_argument("--job-dir", help="job tree to use (default: a new temp dir)")
     local.add_argument("--hosts", type=int, default=1, metavar="N",
-                       help="rehearse on N simulated hosts (Linux, root; one job tree each)")
+                       help="run on N hosts: simulated ones (Linux namespaces, root), or N "
+                            "containers with --image; one job tree each")
+    local.add_argument("--image", metavar="IMAGE",
+                       help="run each host as a container of IMAGE (docker or podman)")
     local.add_argument("--distributed", metavar="KIND",
                        help="a DistributedConfig: torchrun, mpi, smddp or module:Class")
     local.add_argument("--config", action="append", metavar="FIELD=VALUE",

@@ -1,0 +1,194 @@
+"""A job's hosts as containers: `algo-1 .. algo-N`, one container each, of one
+image, on a private network, with each host's job tree at /opt/ml.
+
+`training-toolkit local --image` and the container tests use it. It drives the
+engine's command line (`docker` when a Docker engine answers, else `podman`)
+through subprocess and nothing else: standard library only, nothing done at
+import time.
+
+    with Cluster("localhost/tt-byo-mpi", ["/jobs/algo-1", "/jobs/algo-2"]) as c:
+        c.start()
+        codes = c.wait()          # {"algo-1": 0, "algo-2": 0}
+
+Each container is hostnamed `algo-K` and reachable by that name from the
+others (a network alias); its container name is `<id>-algo-K`, unique to the
+cluster, so that two clusters can run at once on one engine. Output is
+streamed line by line with an `[algo-K] ` prefix (or kept, with
+`capture=True`). close() (also on Ctrl-C, through `with`) removes the
+containers and the network, whatever state they are in.
+"""
+import functools
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import threading
+
+from .errors import ToolkitError
+
+ENGINES = ("docker", "podman")  # in order of preference
+ML_DIR = "/opt/ml"
+CODE_DIR = ML_DIR + "/code"
+
+
+class ContainersUnavailable(ToolkitError):
+    """No container engine answers here, or it failed to do its part."""
+
+    exit_code = 69
+
+
+class ImageNotFound(ToolkitError):
+    exit_code = 66
+
+
+@functools.lru_cache(maxsize=None)
+def engine():
+    """`docker` when `docker info` answers, else `podman` when `podman info`
+    does (a `docker` binary without a daemon does not count)."""
+    for name in ENGINES:
+        if shutil.which(name) and subprocess.run([name, "info"], stdout=subprocess.DEVNULL,
+                                                 stderr=subprocess.DEVNULL).returncode == 0:
+            return name
+    raise ContainersUnavailable("no container engine answers: neither `docker info` nor "
+                                "`podman info` works here (scripts/containers-setup.sh "
+                                "installs and configures podman)")
+
+
+def prepare_tree(root, code_dir, channels=None):
+    """Make a job tree that jobtree.write_job_tree wrote (with the submit
+    directory CODE_DIR) usable in a container, where host paths mean nothing:
+    the code is copied into its code/, and each channel, a symlink to a host
+    directory, becomes an empty directory to mount that directory on. Returns
+    the read-only mounts: [(host dir, container dir)]."""
+    code = os.path.join(root, "code")
+    shutil.rmtree(code, ignore_errors=True)
+    shutil.copytree(code_dir, code, symlinks=True)
+    mounts = []
+    for name, source in (channels or {}).items():
+        link = os.path.join(root, "input", "data", name)
+        if os.path.islink(link):
+            os.unlink(link)
+        os.makedirs(link, exist_ok=True)
+        mounts.append((os.path.abspath(source), "%s/input/data/%s" % (ML_DIR, name)))
+    return mounts
+
+
+class Cluster:
+    """`roots[i]` is the job tree of host `algo-<i+1>`, mounted at /opt/ml.
+    `mounts` are (host path, container path) pairs mounted read-only in every
+    host; `env` is set in every container; `capture` keeps each host's output
+    (`self.output[host]`, bytes) instead of printing it."""
+
+    def __init__(self, image, roots, mounts=(), env=None, capture=False, engine_name=None):
+        self.engine = engine_name or engine()
+        self.image = image
+        self.id = "tt-" + secrets.token_hex(4)
+        self.hosts = ["algo-%d" % (i + 1) for i in range(len(roots))]
+        self.roots = dict(zip(self.hosts, [os.path.abspath(r) for r in roots]))
+        self.mounts = list(mounts)
+        self.env = dict(env or {})
+        self.capture = capture
+        # One host needs no network of its own: the engine's default one does.
+        self.network = self.id if len(self.hosts) > 1 else None
+        self.procs = {}
+        self.output = {h: b"" for h in self.hosts}
+        self._pumps = {}  # host -> its output's reader threads
+        self._lock = threading.Lock()
+        self._network_made = False
+
+    def name(self, host):
+        return "%s-%s" % (self.id, host)
+
+    def _engine(self, *args, check=True):
+        proc = subprocess.run([self.engine] + list(args), stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True)
+        if check and proc.returncode != 0:
+            raise ContainersUnavailable("%s %s failed (exit %d): %s" % (
+                self.engine, " ".join(args), proc.returncode, proc.stderr.strip()))
+        return proc
+
+    def run_argv(self, host, args=(), env=None):
+        """The engine command line that runs `host`'s container."""
+        argv = [self.engine, "run", "--rm", "--name", self.name(host), "--hostname", host,
+                "-v", "%s:%s" % (self.roots[host], ML_DIR)]
+        if self.network:
+            argv += ["--network", self.network, "--network-alias", host]
+        for source, target in self.mounts:
+            argv += ["-v", "%s:%s:ro" % (source, target)]
+        for key, value in sorted(dict(self.env, **(env or {})).items()):
+            argv += ["-e", "%s=%s" % (key, value)]
+        return argv + [self.image] + list(args)
+
+    def start(self, args=(), hosts=None, env=None):
+        """Start the containers of `hosts` (default: all) with `args` after
+        the image (its entrypoint's arguments) and `env` added."""
+        if not self.procs and self._engine("image", "inspect", self.image,
+                                           check=False).returncode != 0:
+            raise ImageNotFound("image %s not found by %s (build it first: see docker/README.md)"
+                                % (self.image, self.engine))
+        if self.network and not self._network_made:
+            self._engine("network", "create", self.network)
+            self._network_made = True
+        for host in hosts or self.hosts:
+            # A session of its own: Ctrl-C reaches us, not the engine clients;
+            # close() then removes the containers.
+            proc = subprocess.Popen(self.run_argv(host, args, env), stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)
+            self.procs[host] = proc
+            self._pumps[host] = [threading.Thread(target=self._pump, args=(host, stream, sink),
+                                                  daemon=True)
+                                 for stream, sink in ((proc.stdout, sys.stdout),
+                                                      (proc.stderr, sys.stderr))]
+            for pump in self._pumps[host]:
+                pump.start()
+        return self
+
+    def _pump(self, host, stream, sink):
+        prefix = b"[%s] " % host.encode()
+        for line in iter(stream.readline, b""):
+            with self._lock:
+                if self.capture:
+                    self.output[host] += line
+                else:
+                    out = getattr(sink, "buffer", sink)
+                    out.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
+                    out.flush()
+        stream.close()
+
+    def wait(self, timeout=None, hosts=None):
+        """Wait for the containers of `hosts` (default: all started) to end;
+        returns {host: exit code}. Raises subprocess.TimeoutExpired."""
+        codes = {}
+        for host in hosts or list(self.procs):
+            codes[host] = self.procs[host].wait(timeout)
+            for pump in self._pumps[host]:  # all of its output is in
+                pump.join()
+        return codes
+
+    def stop(self, host, timeout=10):
+        """`engine stop`: SIGTERM to the container's `train`, SIGKILL after `timeout` s."""
+        self._engine("stop", "-t", str(timeout), self.name(host))
+
+    def kill(self, host, sig="KILL"):
+        self._engine("kill", "-s", sig, self.name(host))
+
+    def close(self):
+        """Remove every container and the network, running or not. Idempotent."""
+        running = [h for h, p in self.procs.items() if p.poll() is None]
+        if running:
+            # `rm -f` would wait for a stop timeout first: kill, then remove.
+            self._engine("kill", *[self.name(h) for h in running], check=False)
+            self._engine("rm", "-f", *[self.name(h) for h in running], check=False)
+        for proc in self.procs.values():
+            proc.wait()
+        if self._network_made:
+            self._engine("network", "rm", self.network, check=False)
+            self._network_made = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
