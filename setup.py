@@ -18,7 +18,12 @@ setup(
     package_dir={"": "src"},
     python_requires=">=3.9",
     install_requires=[
-        "boto3",       # code fetch from S3 (imported only for s3:// code)
+        "boto3",       # S3: code fetch (s3:// code) and intermediate output (sagemaker_s3_output),
+                       # imported only then; uploads use its transfer manager (s3transfer)
+        # Intermediate output: inotify for the watch of output/intermediate/, imported only when
+        # sagemaker_s3_output is set. A thin ctypes wrapper (the reference's choice), no new
+        # C code of ours; watchdog would bring threads and polling we do not need.
+        "inotify_simple>=1.2",
         "paramiko",    # SSH readiness checks of the MPI master (imported only there)
         "retrying",    # imported by framework hooks (the DLC toolkits) that run on the toolkit
     ],

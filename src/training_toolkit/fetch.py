@@ -297,16 +297,19 @@ def _fetch_s3(uri, code_dir, endpoint_url, region, deadline_s, log):
     return "downloaded %.1f MB from %s and extracted %d members in %.1f s" % (size / _MB, uri, count, elapsed)
 
 
-def _s3_client(endpoint_url, region, timeout_s):
+def _s3_client(endpoint_url, region, timeout_s, max_attempts=1, max_pool_connections=_WORKERS + 1):
+    """The package's S3 client (code fetch, intermediate output): endpoint
+    from S3_ENDPOINT_URL, region from AWS_REGION/AWS_DEFAULT_REGION unless
+    given. `max_attempts` counts botocore's own tries per request (standard
+    retry mode); the fetch retries itself, per chunk and under its deadline."""
     import boto3
     from botocore.config import Config
 
     config = Config(
         connect_timeout=timeout_s,
         read_timeout=timeout_s,
-        # We retry ourselves, per chunk and under our deadline.
-        retries={"mode": "standard", "total_max_attempts": 1},
-        max_pool_connections=_WORKERS + 1,
+        retries={"mode": "standard", "total_max_attempts": max_attempts},
+        max_pool_connections=max_pool_connections,
     )
     # The default session: a fresh one would load the S3 service model again.
     return boto3.client(

@@ -6,6 +6,7 @@ honest verdict: `success` or `failure`, `status.json`, and the exit code.
 import os
 import signal
 import sys
+import time
 
 from . import entry_point, log, params
 from .environment import Environment
@@ -23,8 +24,17 @@ def grace_seconds(environ=os.environ):
         return params.DEFAULT_GRACE_SECONDS
 
 
+# The job's intermediate-output sync (only when sagemaker_s3_output is set),
+# and when the first stop signal came (the drain must end within the grace).
+_job = {"sync": None, "supervisor": None, "stop_signal_at": None}
+# What `train` keeps after the drain deadline to write its status files.
+STATUS_MARGIN_S = 1.0
+
+
 def _install_signal_handlers(supervisor):
     def on_signal(signum, _frame):
+        if _job["stop_signal_at"] is None:
+            _job["stop_signal_at"] = time.monotonic()
         log.info("received %s: stopping the job (SIGTERM now, SIGKILL after %gs)"
                  % (signal.Signals(signum).name, supervisor.grace_seconds))
         if not supervisor.terminate() and not supervisor.terminating:
@@ -69,6 +79,7 @@ def train(argv=()):
     paths = JobPaths.from_environ()
     reporter = Reporter(paths)
     supervisor = Supervisor(grace_seconds())
+    _job.update(sync=None, supervisor=supervisor, stop_signal_at=None)
     entry_point.attach(supervisor, reporter)
     _install_signal_handlers(supervisor)
     hook = None
@@ -81,6 +92,8 @@ def train(argv=()):
         reporter.end()
         for d in (paths.model_dir, paths.output_data_dir, paths.output_intermediate_dir):
             os.makedirs(d, exist_ok=True)
+        if env.s3_output:
+            _start_intermediate_sync(env, reporter)
         hook = None if command else env.framework_module
         if hook:
             reporter.begin("framework")
@@ -89,6 +102,7 @@ def train(argv=()):
             reporter.end()
         else:
             entry_point.execute(env, supervisor, reporter, command=command)
+        _drain_intermediate_sync(reporter)
         reporter.succeeded()
         return 0
     except ToolkitError as error:
@@ -99,6 +113,7 @@ def train(argv=()):
     except SystemExit as stop:  # a framework hook calling sys.exit()
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         if code == 0:
+            _drain_intermediate_sync(reporter)
             reporter.succeeded()
             return 0
         return _fail(reporter, ClientError("the framework hook exited with code %d" % code,
@@ -115,7 +130,59 @@ def train(argv=()):
         return _fail(reporter, error)
 
 
+def _start_intermediate_sync(env, reporter):
+    """Sync output/intermediate/ to sagemaker_s3_output while the job runs
+    (threads of this process; boto3 and inotify are imported only here). A
+    sync that cannot start is logged and recorded, never a job failure."""
+    from . import intermediate_output
+
+    try:
+        sync = intermediate_output.sync_for_job(env)
+    except Exception as e:  # noqa: BLE001 - e.g. not an s3:// URI
+        log.warning("intermediate output is not synced: %s" % e)
+        reporter.set(intermediate={"state": "error", "last_error": str(e)})
+        return
+    _job["sync"] = sync
+    if sync is not None:
+        reporter.set(intermediate=sync.snapshot())
+
+
+def _drain_intermediate_sync(reporter):
+    """Before the verdict: let pending uploads finish and verify them, within
+    SM_INTERMEDIATE_DRAIN_SECONDS, and on a stop signal within what is left
+    of the termination grace."""
+    sync, _job["sync"] = _job["sync"], None
+    if sync is None:
+        return
+    from .intermediate_output import STOP_EXTRA_S, drain_seconds
+
+    supervisor = _job["supervisor"]
+
+    def deadline():
+        limit = time.monotonic() + max(0.0, drain_seconds())
+        stopped = _job["stop_signal_at"]
+        if stopped is not None and supervisor is not None:
+            limit = min(limit, stopped + supervisor.grace_seconds - STATUS_MARGIN_S - STOP_EXTRA_S)
+        return limit
+
+    limit = deadline()
+    sync.request_stop(limit)
+    while True:
+        try:
+            if sync.wait(0.1):
+                break
+            if _job["stop_signal_at"] is not None:
+                limit = min(limit, deadline())
+                sync.set_deadline(limit)
+            if time.monotonic() > limit + STOP_EXTRA_S:
+                break  # what is still in flight is recorded as not verified
+        except Terminated:
+            continue  # a stop signal while draining: the deadline shrinks
+    reporter.set(intermediate=sync.snapshot())
+
+
 def _fail(reporter, error):
+    _drain_intermediate_sync(reporter)
     mine = reporter.failed(error)
     log.error("%s: %s%s" % (error.kind, error.message.splitlines()[0] if error.message else "",
                             "" if mine else " (keeping the failure file the job wrote)"))
