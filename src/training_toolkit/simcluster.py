@@ -362,6 +362,13 @@ def _register_atexit():
 # the cluster
 
 
+def _own_install():
+    """Where this package and the interpreter running it live, when that is
+    under /tmp (a checkout or venv there): the hosts run `train` from them."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the sys.path entry
+    return [p for p in (here, sys.prefix) if os.path.realpath(p).startswith("/tmp/")]
+
+
 class SimCluster:
     """N simulated hosts ``algo-1..algo-N`` on this machine.
 
@@ -371,7 +378,8 @@ class SimCluster:
     ``ttsc-<8 random hex>``). ``ssh``: give every host the job-wide key pair
     under ``/root/.ssh`` (needs ssh-keygen). ``shared_paths``: paths under
     ``/tmp`` of the root namespace that stay visible (same path) inside the
-    hosts, whose ``/tmp`` is otherwise private.
+    hosts, whose ``/tmp`` is otherwise private; this package's own checkout or
+    venv, when under ``/tmp``, is always shared.
     """
 
     def __init__(self, n, job_roots, name_prefix=None, ssh=True, shared_paths=(),
@@ -406,7 +414,7 @@ class SimCluster:
         self._netns = {h: "%s-%s" % (name_prefix, h) for h in self.hosts}
         self.ssh = bool(ssh)
         self._shared_rel = []
-        for p in shared_paths:
+        for p in list(shared_paths) + _own_install():
             p = os.path.realpath(os.fspath(p))
             if p.startswith("/dev/shm/") or p == "/dev/shm":
                 raise ValueError("cannot share a path under /dev/shm: %s" % p)
