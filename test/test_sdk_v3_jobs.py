@@ -244,3 +244,27 @@ def test_mpi_two_processes_per_host(tmp_path, layout):
         assert info["sm_current_host"] == cluster.hosts[rank // 2]  # each rank sees its host
         if len(cluster.hosts) > 1:
             assert info["hostname"] == info["sm_current_host"]
+
+
+def test_tar_gz_source_dir_is_extracted_in_the_code_channel(tmp_path):
+    """SourceCode(source_dir="....tar.gz"): the code channel holds the archive,
+    and sm_train.sh extracts it there before it runs the driver."""
+    import tarfile
+
+    cluster = SingleHost(tmp_path, "script", "real")
+    code = os.path.join(cluster.base, "input", "data", "code")
+    archive = os.path.join(str(tmp_path), "sourcedir.tar.gz")
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(os.path.join(code, "train.py"), arcname="train.py")
+    shutil.rmtree(code)
+    os.makedirs(code)
+    shutil.copy(archive, code)
+    source_code = os.path.join(cluster.base, "input", "data", "sm_drivers", "sourcecode.json")
+    with open(source_code) as f:
+        doc = json.load(f)
+    doc["source_dir"] = "/home/user/project/sourcedir.tar.gz"
+    with open(source_code, "w") as f:
+        json.dump(doc, f)
+    codes, err = cluster.run()
+    assert codes == {"algo-1": 0}, err
+    assert read_json(cluster, "algo-1", "model", "report-algo-1.json")["argv"] == SCRIPT_ARGV
