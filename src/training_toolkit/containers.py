@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 
+from . import resources
 from .errors import ToolkitError
 
 ENGINES = ("docker", "podman")  # in order of preference
@@ -47,7 +48,7 @@ def engine():
     """`docker` when `docker info` answers, else `podman` when `podman info`
     does (a `docker` binary without a daemon does not count)."""
     for name in ENGINES:
-        if shutil.which(name) and subprocess.run([name, "info"], stdout=subprocess.DEVNULL,
+        if resources.which(name) and subprocess.run([name, "info"], stdout=subprocess.DEVNULL,
                                                  stderr=subprocess.DEVNULL).returncode == 0:
             return name
     raise ContainersUnavailable("no container engine answers: neither `docker info` nor "

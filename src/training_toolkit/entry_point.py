@@ -100,11 +100,7 @@ def check_entry_point(env, entry_point):
     kind = entry_kind(env.code_dir, entry_point, packages=env.v3_job is None)
     if kind == PYTHON_PACKAGE:
         return
-    path = os.path.join(env.code_dir, entry_point)
-    if not _inside(env.code_dir, path):
-        raise ConfigError("entry point %r resolves outside the code dir %s; name a file "
-                          "inside it, such as 'train.py' or 'bin/train.sh'"
-                          % (entry_point, env.code_dir), field=params.USER_PROGRAM)
+    path = entry_point_path(env.code_dir, entry_point)
     if not os.path.isfile(path):
         try:
             present = sorted(os.listdir(env.code_dir))[:20]
@@ -119,9 +115,15 @@ def check_entry_point(env, entry_point):
             os.chmod(path, mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
-def _inside(directory, path):
-    real_dir = os.path.realpath(directory)
-    return os.path.commonpath([real_dir, os.path.realpath(path)]) == real_dir
+def entry_point_path(code_dir, entry_point):
+    """The entry point's path, which must stay inside the code dir."""
+    path = os.path.join(code_dir, entry_point)
+    real_dir = os.path.realpath(code_dir)
+    if os.path.commonpath([real_dir, os.path.realpath(path)]) != real_dir:
+        raise ConfigError("entry point %r resolves outside the code dir %s; name a file "
+                          "inside it, such as 'train.py' or 'bin/train.sh'"
+                          % (entry_point, code_dir), field=params.USER_PROGRAM)
+    return path
 
 
 def plan(env, entry_point=None, args=None, runner_type=None, env_vars=None, extra_opts=None,
@@ -224,8 +226,4 @@ def install(name, path=None, capture_error=False):
 
     pip_install(path, supervisor, env.job_python)
     if entry_kind(path, name) == COMMAND:
-        target = os.path.join(path, name)
-        if not _inside(path, target):
-            raise ConfigError("entry point %r resolves outside the code dir %s" % (name, path),
-                              field=params.USER_PROGRAM)
-        os.chmod(target, 0o777)
+        os.chmod(entry_point_path(path, name), 0o777)

@@ -70,9 +70,6 @@ class V3Job:
     def is_distributed(self):
         return self.runner not in ("process", "command")
 
-    def to_dict(self):
-        return {name: getattr(self, name) for name in self.__slots__}
-
 
 def drivers_path(paths, script=""):
     return os.path.join(paths.drivers_dir, DRIVERS_SUBDIR, script)
