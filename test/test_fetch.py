@@ -1,17 +1,23 @@
 """Tests of training_toolkit.fetch against real files, real tar archives and a
 real (moto) S3 server, optionally behind a fault-injecting proxy. Nothing is
 mocked."""
+import gzip
+import io
 import json
 import os
 import re
+import socket
+import struct
 import subprocess
 import sys
 import tarfile
 import time
+import tracemalloc
 
 import pytest
 
-from s3_fixtures import FaultyProxy, make_tar_gz, s3_client, upload
+from jobs import Job
+from s3_fixtures import FAKE_AWS_ENV, FaultyProxy, make_tar_gz, s3_client, upload
 from training_toolkit import errors, fetch
 from training_toolkit.fetch import fetch_code
 
@@ -134,6 +140,156 @@ def test_corrupt_archive_is_a_fetch_error(job):
         assert type(exc.value) is errors.CodeFetchError and exc.value.exit_code == 74
         assert str(path) in str(exc.value)
         assert os.listdir(job / "job") == []
+
+
+# --------------------------------------------------------------------------
+# Corrupt and incomplete archives
+# --------------------------------------------------------------------------
+
+PAYLOAD = b"weights " * 20000  # 160 kB
+
+
+def tar_bytes():
+    """A whole tar: an entry point that prints 'ran', then two more files."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in (("train.py", b"print('ran')\n"), ("model.bin", PAYLOAD), ("last.txt", b"end\n")):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def member_offsets(data):
+    """{name: (header offset, data offset)} of the members of tar bytes."""
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return {m.name: (m.offset, m.offset_data) for m in tar}
+
+
+def crc_error():
+    # Stored (level 0) blocks: a flipped byte in a member's data still
+    # inflates, into wrong content that only the CRC-32 reveals.
+    data = bytearray(gzip.compress(tar_bytes(), compresslevel=0, mtime=0))
+    data[data.index(PAYLOAD[:64]) + 1000] ^= 0x01
+    return bytes(data)
+
+
+def wrong_length():
+    data = gzip.compress(tar_bytes(), mtime=0)
+    (length,) = struct.unpack("<I", data[-4:])
+    return data[:-4] + struct.pack("<I", length + 512)
+
+
+def tar_cut_at_member_boundary():
+    tar = tar_bytes()
+    return gzip.compress(tar[: member_offsets(tar)["last.txt"][0]], mtime=0)
+
+
+def tar_cut_mid_member():
+    tar = tar_bytes()
+    return gzip.compress(tar[: member_offsets(tar)["model.bin"][1] + len(PAYLOAD) // 2], mtime=0)
+
+
+CORRUPT = {
+    "gzip CRC error": crc_error,
+    "gzip wrong length": wrong_length,
+    "gzip cut short": lambda: gzip.compress(tar_bytes(), mtime=0)[:-8],  # the trailer lost
+    "tar cut at a member boundary": tar_cut_at_member_boundary,
+    "tar cut mid-member": tar_cut_mid_member,
+}
+
+
+@pytest.fixture(params=["isal", "zlib"])
+def gzip_impl(request, monkeypatch):
+    """Each decompressor: isal's igzip, and the standard library's where isal
+    is missing (made unimportable here)."""
+    if request.param == "zlib":
+        monkeypatch.setitem(sys.modules, "isal", None)
+    expected = "gzip" if request.param == "zlib" else "isal.igzip"
+    assert fetch.gzip_modules()[0].__name__ == expected
+    return request.param
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPT))
+def test_corrupt_archive_is_refused(job, gzip_impl, case):
+    path = job / "sourcedir.tar.gz"
+    path.write_bytes(CORRUPT[case]())
+    with pytest.raises(errors.CodeFetchError) as exc:
+        fetch_code(str(path), str(job / "job" / "code"))
+    assert type(exc.value) is errors.CodeFetchError and exc.value.exit_code == 74
+    assert "code archive %s is corrupt or incomplete" % path in str(exc.value)
+    assert os.listdir(job / "job") == []  # no code dir, no staging dir
+
+
+def test_whole_archive_is_extracted_by_each_decompressor(job, gzip_impl):
+    path = job / "sourcedir.tar.gz"
+    path.write_bytes(gzip.compress(tar_bytes(), mtime=0) + b"\0" * 100)  # zero padding after the trailer is allowed
+    assert "extracted 3 members" in fetch_code(str(path), str(job / "job" / "code"))
+    assert (job / "job" / "code" / "model.bin").read_bytes() == PAYLOAD
+
+
+@pytest.mark.parametrize("compression", ["", "bz2", "xz"])
+def test_other_tar_formats_are_extracted(job, compression):
+    # As tarfile's "r|*" did: plain tar, bzip2 and xz besides gzip.
+    path = job / ("sourcedir.tar" + ("." + compression if compression else ""))
+    (job / "train.py").write_bytes(b"print(1)\n")
+    with tarfile.open(path, "w:" + compression) as tar:
+        tar.add(job / "train.py", arcname="train.py")
+    code = job / "job" / "code"
+    assert "extracted 1 members" in fetch_code(str(path), str(code))
+    assert (code / "train.py").read_bytes() == b"print(1)\n"
+
+
+def test_cut_short_xz_archive_is_refused(job):
+    path = job / "sourcedir.tar.xz"
+    with tarfile.open(path, "w:xz") as tar:
+        tar.addfile(tarfile.TarInfo("empty.txt"))
+    path.write_bytes(path.read_bytes()[:-12])
+    with pytest.raises(errors.CodeFetchError, match="corrupt or incomplete"):
+        fetch_code(str(path), str(job / "job" / "code"))
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPT))
+def test_train_refuses_a_corrupt_archive_before_running_anything(tmp_path, case):
+    """What a user sees: exit 74 naming the archive in the failure file, the
+    entry point never run, and nothing left in or next to the code dir."""
+    archive = tmp_path / "sourcedir.tar.gz"
+    archive.write_bytes(CORRUPT[case]())
+    job = Job(tmp_path, {})
+    with open(job.paths.hyperparameters_file) as f:
+        hps = json.load(f)
+    hps["sagemaker_submit_directory"] = json.dumps(str(archive))
+    with open(job.paths.hyperparameters_file, "w") as f:
+        json.dump(hps, f)
+
+    r = job.run()
+
+    assert r.returncode == 74, r.stderr.decode()[-2000:]
+    first = job.failure().splitlines()[0]
+    assert "CodeFetchError" in first and str(archive) in first, first
+    assert b"ran" not in r.stdout
+    code_dir = job.paths.code_dir
+    assert not os.path.exists(code_dir) or os.listdir(code_dir) == []
+    assert leftovers(os.path.dirname(code_dir)) == []
+
+
+def test_high_ratio_archive_is_extracted_in_bounded_memory(job):
+    # 100 MB of zeros gzip to 0.1 MB. tarfile's own gzip stream inflated each
+    # 1 MiB it read in one piece (all 100 MB here) and copied what was left of
+    # it for every read: memory and work that grew with the ratio.
+    size = 100 * 10**6
+    with tarfile.open(job / "zeros.tar.gz", "w:gz") as tar:
+        info = tarfile.TarInfo("zeros.bin")
+        info.size = size
+        tar.addfile(info, io.BytesIO(bytes(size)))
+    tracemalloc.start()
+    try:
+        fetch_code(str(job / "zeros.tar.gz"), str(job / "job" / "code"))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert os.path.getsize(job / "job" / "code" / "zeros.bin") == size
+    assert peak < 32 * 2**20, "peak %.0f MB" % (peak / 1e6)
 
 
 # --------------------------------------------------------------------------
@@ -282,6 +438,16 @@ def test_s3_corrupt_archive_is_a_fetch_error(job, s3_server, fast_s3):
     assert os.listdir(job / "job") == []
 
 
+@pytest.mark.parametrize("case", ["gzip CRC error", "tar cut at a member boundary"])
+def test_s3_incomplete_archive_is_refused(job, s3_server, fast_s3, case):
+    uri = upload(s3_server, BUCKET, "incomplete/%s.tar.gz" % case.replace(" ", "-"), CORRUPT[case]())
+    with pytest.raises(errors.CodeFetchError) as exc:
+        fetch_code(uri, str(job / "job" / "code"), endpoint_url=s3_server, log=lambda line: None)
+    assert type(exc.value) is errors.CodeFetchError
+    assert "code archive %s is corrupt or incomplete" % uri in str(exc.value)
+    assert os.listdir(job / "job") == []
+
+
 @pytest.mark.parametrize("uri", ["s3://%s/no/such.tar.gz" % BUCKET, "s3://no-such-bucket-x/sourcedir.tar.gz"])
 def test_s3_not_found_fails_fast(job, s3_server, uri):
     upload(s3_server, BUCKET, "exists.txt", b"x")  # the bucket exists for the first case
@@ -382,9 +548,47 @@ def test_progress_is_logged_and_stalled_chunks_resume(job, s3_server, monkeypatc
         fetch_code(uri, str(code), endpoint_url=proxy.url, deadline_s=30)
     assert proxy.stalls >= 1
     assert_extracted(code, content)
-    progress = [line for line in capfd.readouterr().err.splitlines() if "MB/s" in line]
+    err = capfd.readouterr().err
+    progress = [line for line in err.splitlines() if "MB/s" in line]
     assert progress, "no progress line"
     assert re.match(r"\[training-toolkit\] %s: \d+\.\d/1\.5 MB \(\d+%%\), \d+\.\d MB/s$" % re.escape(uri), progress[0])
+    # The stalled GET's retry, with its cause and the time left.
+    assert re.search(
+        r"%s: GET bytes \d+-\d+ failed \(ReadTimeoutError: .*\); retrying in \d+\.\d\d s, \d+\.\d s left before the 30 s deadline"
+        % re.escape(uri), err), err
+
+
+def test_train_logs_each_retry_on_an_unreachable_endpoint(tmp_path):
+    """A closed port on loopback: every HEAD is refused. `train` says where it
+    fetches from and logs each retry with its cause and the time left, then
+    exits 74 at the deadline naming the URI."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        endpoint = "http://127.0.0.1:%d" % probe.getsockname()[1]  # closed once the probe is
+    uri = "s3://jobs/code/sourcedir.tar.gz"
+    job = Job(tmp_path, {})
+    with open(job.paths.hyperparameters_file) as f:
+        hps = json.load(f)
+    hps["sagemaker_submit_directory"] = json.dumps(uri)
+    with open(job.paths.hyperparameters_file, "w") as f:
+        json.dump(hps, f)
+    env = job.env(S3_ENDPOINT_URL=endpoint, **{fetch.DEADLINE_ENV: 5}, **FAKE_AWS_ENV)
+
+    r = job.run(env=env)
+
+    err = r.stderr.decode()
+    assert r.returncode == 74, err[-2000:]
+    assert "fetching %s from %s, within 5 s" % (uri, endpoint) in err
+    retry = re.compile(
+        r"\[training-toolkit\] %s: HEAD failed \(EndpointConnectionError: Could not connect to the endpoint URL: "
+        r"\S+\); retrying in (\d+\.\d\d) s, (\d+\.\d) s left before the 5 s deadline$" % re.escape(uri))
+    retries = [m.groups() for m in map(retry.match, err.splitlines()) if m]
+    assert len(retries) >= 3, err
+    delays = [float(d) for d, _ in retries]
+    left = [float(t) for _, t in retries]
+    assert delays == sorted(delays) and left == sorted(left, reverse=True) and 0 < left[-1] < 5
+    first = job.failure().splitlines()[0]
+    assert "CodeFetchError" in first and uri in first and "5 s deadline" in first
 
 
 def test_bad_timing_setting_is_a_config_error(job, monkeypatch):

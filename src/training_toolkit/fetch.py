@@ -5,17 +5,26 @@ tar.gz (optionally ``file://``), or a local directory. Archives are extracted
 safely: members are checked one by one as they stream in, extraction goes to a
 sibling staging dir that is moved into place only when the whole archive was
 good, so a bad archive leaves the code dir untouched and nothing is ever
-written outside it.
+written outside it. An archive is good when it is whole: the gzip trailer
+(CRC-32 and length) matches and the tar ends with its end-of-archive block.
+
+Gzip is decompressed by ISA-L's igzip (the ``isal`` package, several times
+faster than zlib on compressible data; see docs/benchmarks.md), or by the
+standard ``gzip`` module where ``isal`` is not installed; both check the
+trailer. Decompression happens outside tarfile, whose own stream reader keeps
+all the output of one compressed read and copies it again for every read
+from it: quadratic in the compression ratio.
 
 S3 archives are never stored on disk: worker threads fetch ranged chunks of the
 object ahead of the reader, and tarfile extracts from that stream while the
 download goes on. Transient S3 errors are retried per chunk under one overall
 deadline.
 
-boto3 is imported only when an S3 URI is fetched, and tarfile only when an
-archive is extracted, to keep this module cheap to import: a job whose code is
-a local directory only copies it.
+boto3 is imported only when an S3 URI is fetched, and tarfile and the
+decompressors only when an archive is extracted, to keep this module cheap to
+import: a job whose code is a local directory only copies it.
 """
+import io
 import math
 import os
 import shutil
@@ -47,7 +56,7 @@ _MAX_CHUNK = 32 * _MiB
 # Body reads return only whole pieces, so an attempt that fails mid-body keeps
 # all but the last partial piece, and the retry resumes after it.
 _PIECE = 256 * 1024
-_TAR_BUFSIZE = 1 * _MiB  # tar stream reads and file writes
+_COPY_BUFSIZE = 1 * _MiB  # reads of the decompressed tar stream, file writes
 _FIRST_BACKOFF_S = 0.05
 _MAX_BACKOFF_S = 2.0
 # S3 error codes worth retrying besides 5xx/429 statuses.
@@ -169,10 +178,9 @@ def _extract_safely(fileobj, code_dir, uri):
 
 
 def _extract_members(fileobj, root, uri):
-    """Stream the members of ``fileobj`` into ``root``, refusing unsafe ones;
-    return the member count."""
+    """Stream the members of the archive ``fileobj`` into ``root``, refusing
+    unsafe ones and incomplete or corrupt archives; return the member count."""
     import tarfile
-    import zlib
 
     real_root = os.path.realpath(root)
     regular_files = set()  # names of regular files extracted so far: the only valid hard-link targets
@@ -180,8 +188,11 @@ def _extract_members(fileobj, root, uri):
     count = 0
     filter_kwargs = {"filter": _TAR_FILTER} if hasattr(tarfile, "data_filter") else {}
     filter_error = getattr(tarfile, "FilterError", ())  # () matches nothing before 3.11.4
+    stream, corrupt_errors = _decompressed(fileobj)
     try:
-        with tarfile.open(fileobj=fileobj, mode="r|*", bufsize=_TAR_BUFSIZE, copybufsize=_TAR_BUFSIZE) as tar:
+        # "r:", not the stream mode "r|": tarfile reads the members' data
+        # straight from the decompressed stream, which seeks only forward.
+        with tarfile.open(fileobj=stream, mode="r:", copybufsize=_COPY_BUFSIZE, tarinfo=_whole_tarinfo_class()) as tar:
             for member in tar:
                 _check_member(member, root, real_root, regular_files, uri)
                 # Directory modes are set at the end, as extractall does, so a
@@ -197,6 +208,10 @@ def _extract_members(fileobj, root, uri):
                     symlinks.append(member)
                 elif member.isdir():
                     directories.append(member)
+        # The gzip trailer (CRC-32, length) is checked once the stream is read
+        # to its end, past the tar's end-of-archive block and padding.
+        while stream.read(_COPY_BUFSIZE):
+            pass
         _check_final_links(symlinks, root, real_root, uri)
         for member in reversed(directories):
             # Like the data filter: no setuid/setgid/sticky, no group/other
@@ -204,11 +219,64 @@ def _extract_members(fileobj, root, uri):
             os.chmod(os.path.join(root, member.name), member.mode & 0o755 | 0o700)
     except filter_error as err:
         raise _unsafe(uri, err.tarinfo, str(err)) from err
-    except (tarfile.TarError, zlib.error, EOFError) as err:
-        raise errors.CodeFetchError("%s is not a valid tar.gz archive: %s" % (uri, err), uri) from err
+    # Before OSError: gzip.BadGzipFile (a wrong CRC or length) is one.
+    except (tarfile.TarError, EOFError) + corrupt_errors as err:
+        raise errors.CodeFetchError("code archive %s is corrupt or incomplete: %s" % (uri, err), uri) from err
     except OSError as err:
         raise errors.CodeFetchError("extracting %s failed: %s" % (uri, err), uri) from err
     return count
+
+
+def _decompressed(fileobj):
+    """Return the tar stream inside ``fileobj`` (gzip, bzip2, xz or plain
+    tar, told apart by their leading bytes, as tarfile's "r|*" did), and the
+    exceptions that mean its compressed data is corrupt besides EOFError (cut
+    short). Each reader checks its format's own checksums."""
+    head = fileobj.peek(6)[:6]
+    if head.startswith(b"\x1f\x8b"):
+        gzip, zlib = gzip_modules()
+        return gzip.GzipFile(fileobj=fileobj, mode="rb"), (gzip.BadGzipFile, zlib.error)
+    if head.startswith(b"BZh"):
+        import bz2
+
+        return bz2.BZ2File(fileobj), ()  # corrupt data: OSError("Invalid data stream")
+    if head.startswith(b"\xfd7zXZ\x00"):
+        import lzma
+
+        return lzma.LZMAFile(fileobj), (lzma.LZMAError,)
+    return fileobj, ()
+
+
+def gzip_modules():
+    """The gzip and zlib modules to decompress with: isal's igzip and
+    isal_zlib (drop-in replacements, several times faster), or the standard
+    library's where isal is not installed."""
+    try:
+        from isal import igzip as gzip, isal_zlib as zlib
+    except ImportError:
+        import gzip
+        import zlib
+    return gzip, zlib
+
+
+def _whole_tarinfo_class():
+    """A TarInfo class for tarfile's ``tarinfo`` argument that refuses what
+    tarfile quietly takes for the end of the archive: no data, half a header
+    block or an invalid header where the next member should be. Only a zero
+    block (the end-of-archive marker) ends the member list."""
+    import tarfile
+
+    class WholeTarInfo(tarfile.TarInfo):
+        @classmethod
+        def fromtarfile(cls, tar):
+            try:
+                return super().fromtarfile(tar)
+            except (tarfile.EmptyHeaderError, tarfile.TruncatedHeaderError) as err:
+                raise tarfile.ReadError("the tar ends at byte %d without its end-of-archive block" % tar.offset) from err
+            except tarfile.InvalidHeaderError as err:
+                raise tarfile.ReadError("invalid tar header at byte %d (%s)" % (tar.offset, err)) from err
+
+    return WholeTarInfo
 
 
 def _check_final_links(symlinks, root, real_root, uri):
@@ -287,8 +355,9 @@ def _fetch_s3(uri, code_dir, endpoint_url, region, deadline_s, log):
     # A stalled socket must be noticed before the deadline, not after it.
     timeout_s = min(_env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT_S), deadline_s)
     client = _s3_client(endpoint_url, region, timeout_s)
-    retry = _Retry(uri, deadline_s, deadline)
-    size = retry.call(lambda: client.head_object(Bucket=bucket, Key=key)["ContentLength"])
+    log("fetching %s from %s, within %g s" % (uri, client.meta.endpoint_url, deadline_s))
+    retry = _Retry(uri, deadline_s, deadline, log)
+    size = retry.call(lambda: client.head_object(Bucket=bucket, Key=key)["ContentLength"], "HEAD")
     log("downloading %s (%.1f MB)" % (uri, size / _MB))
     progress = _Progress(uri, size, log, _env_seconds(PROGRESS_ENV, DEFAULT_PROGRESS_S))
     with _S3ObjectStream(client, bucket, key, size, retry, progress) as stream:
@@ -342,16 +411,20 @@ def classify_s3_error(err, uri):
 
 class _Retry:
     """Runs S3 calls, retrying transient errors with exponential backoff until
-    one deadline shared by every call of the fetch."""
+    one deadline shared by every call of the fetch. Each retry is logged with
+    its cause and the time left, so that a wait on an endpoint that does not
+    answer is never silent."""
 
-    def __init__(self, uri, deadline_s, deadline):
+    def __init__(self, uri, deadline_s, deadline, log):
         self.uri = uri
         self.deadline_s = deadline_s
         self.deadline = deadline
+        self.log = log
         self.last_error = None
         self.cancelled = threading.Event()  # set to stop backing off at once
 
-    def call(self, attempt):
+    def call(self, attempt, what):
+        """Return attempt()'s result; ``what`` names the request in log lines."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         delay = _FIRST_BACKOFF_S
@@ -363,15 +436,20 @@ class _Retry:
                 if fatal is not None:
                     raise fatal from err
                 self.last_error = err
-                if time.monotonic() + delay >= self.deadline:
+                left = self.deadline - time.monotonic()
+                if delay >= left or self.cancelled.is_set():
                     raise self.deadline_error() from err
+                self.log(
+                    "%s: %s failed (%s: %s); retrying in %.2f s, %.1f s left before the %g s deadline"
+                    % (self.uri, what, type(err).__name__, err, delay, left, self.deadline_s)
+                )
                 if self.cancelled.wait(delay):  # the reader has gone: stop here
                     raise self.deadline_error() from err
                 delay = min(delay * 2, _MAX_BACKOFF_S)
 
     def deadline_error(self):
         return errors.CodeFetchError(
-            "fetching %s failed: gave up after the %.0f s deadline; last error: %s"
+            "fetching %s failed: gave up after the %g s deadline; last error: %s"
             % (self.uri, self.deadline_s, self.last_error or "none (no answer in time)"),
             self.uri,
         )
@@ -407,7 +485,9 @@ def _chunk_size(size):
 
 
 class _S3ObjectStream:
-    """A read-only file object over one S3 object, for tarfile's stream mode.
+    """A read-only file object over one S3 object, read in order: read,
+    readinto and peek, tell, and seek forward only (for the decompressor and
+    tarfile).
 
     Worker threads claim chunks in order and fetch them with ranged GETs; a
     semaphore keeps them at most ``_WORKERS`` chunks ahead of the reader, so
@@ -437,7 +517,8 @@ class _S3ObjectStream:
         self._next_read = 0
         self._pieces = iter(())
         self._piece = b""
-        self._offset = 0
+        self._offset = 0  # in _piece
+        self._position = 0  # in the object
         self._threads = [
             threading.Thread(target=self._work, name="s3-fetch-%d" % i, daemon=True) for i in range(_WORKERS)
         ]
@@ -456,18 +537,49 @@ class _S3ObjectStream:
     # Reader side (tarfile's thread).
 
     def read(self, size=-1):
+        if not self._fill():
+            return b""
+        end = len(self._piece) if size is None or size < 0 else self._offset + size
+        data = self._piece[self._offset : end]  # the whole piece when possible: no copy
+        self._offset += len(data)
+        self._position += len(data)
+        self._progress.maybe_report(self._downloaded)
+        return data
+
+    def readinto(self, buffer):
+        data = self.read(len(buffer))
+        memoryview(buffer).cast("B")[: len(data)] = data
+        return len(data)
+
+    def peek(self, size=1):
+        """The bytes that read() returns next, left unread (empty at the end)."""
+        return self._piece[self._offset :] if self._fill() else b""
+
+    def tell(self):
+        return self._position
+
+    def seekable(self):
+        return True  # forward only: gzip's reader and tarfile never seek back over a whole archive
+
+    def seek(self, position, whence=io.SEEK_SET):
+        """Skip forward to ``position`` (tarfile skips member padding so); a
+        stream cannot go back."""
+        if whence != io.SEEK_SET or position < self._position:
+            raise io.UnsupportedOperation("%s is read as a stream: it cannot seek backwards" % self._retry.uri)
+        while self._position < position and self.read(position - self._position):
+            pass
+        return self._position
+
+    def _fill(self):
+        """Make the current piece hold unread bytes; False at the end of the object."""
         while self._offset >= len(self._piece):
             piece = next(self._pieces, None)
             if piece is None:
                 if not self._next_chunk():
-                    return b""
+                    return False
                 continue
             self._piece, self._offset = piece, 0
-        end = len(self._piece) if size is None or size < 0 else self._offset + size
-        data = self._piece[self._offset : end]  # the whole piece when possible: no copy
-        self._offset += len(data)
-        self._progress.maybe_report(self._downloaded)
-        return data
+        return True
 
     def _next_chunk(self):
         """Wait for the next chunk in order; False at the end of the object."""
@@ -540,5 +652,5 @@ class _S3ObjectStream:
                 body.close()  # drop a connection left mid-body
                 raise
 
-        self._retry.call(attempt)
+        self._retry.call(attempt, "GET bytes %d-%d" % (start, end - 1))
         return pieces
