@@ -24,15 +24,20 @@ setup(
         # sagemaker_s3_output is set. A thin ctypes wrapper (the reference's choice), no new
         # C code of ours; watchdog would bring threads and polling we do not need.
         "inotify_simple>=1.2",
-        "paramiko",    # SSH readiness checks of the MPI master (imported only there)
+        # Code fetch: ISA-L's gzip (igzip) decompresses code archives several times faster than
+        # zlib (docs/benchmarks.md, "Code fetch"); imported only to extract a .tar.gz, and the
+        # standard gzip module is used where it is missing.
+        "isal",
         "retrying",    # imported by framework hooks (the DLC toolkits) that run on the toolkit
     ],
     # psutil: the tests prove no process outlives a job; six: the real DLC hook imports it.
     extras_require={"test": ["pytest", "moto[server]", "hypothesis", "numpy", "mpi4py",
-                             "psutil", "six"]},
+                             "psutil", "six"],
+                    # `training-toolkit timeline --out F.png`; SVG needs nothing.
+                    "png": ["cairosvg"]},
     entry_points={
         "console_scripts": [
-            "train=training_toolkit.trainer:main",
+            "train=training_toolkit.__main__:main",
             "training-toolkit=training_toolkit.cli:console_main",
         ]
     },

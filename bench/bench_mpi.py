@@ -22,6 +22,7 @@ The reference (and the bare mpirun) need, per host (set up before its timer star
     environment to; the machine's own file is never touched.
 Its hosts resolve (simcluster's /etc/hosts), so SM_STUDIO_LOCAL_MODE is not needed.
 """
+import json
 import os
 import re
 import shlex
@@ -107,7 +108,8 @@ def bare_mpirun(venv, fail):
     """mpirun with our runner's MPI options, straight on the program."""
     argv = ["mpirun", "--host", ",".join("%s:2" % h for h in HOSTS), "-np", "4",
             "--allow-run-as-root", "--tag-output", "-mca", "btl_tcp_if_include", "eth0",
-            "-mca", "oob_tcp_if_include", "eth0"] + list(MPI_OPTIONS)
+            "-mca", "oob_tcp_if_include", "eth0", "-mca", "plm_rsh_no_tree_spawn", "1"]
+    argv += list(MPI_OPTIONS)
     argv += shlex.split(MPI_HPS.get("sagemaker_mpi_custom_mpi_options", ""))
     return argv + [os.path.join(venv, "bin", "python3"), "-m", "mpi4py", "train.py"] + (
         ["--crash_at", "3"] if fail else [])
@@ -199,6 +201,70 @@ def describe(r):
                             ", left running: %s" % " ".join(r["left"]) if r["left"] else "")
 
 
+GROWTH_SCRIPT = """\
+import os, sys, time
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+if os.environ["SM_CURRENT_HOST"] == os.environ.get("FAIL_HOST"):
+    with open("/opt/ml/model/fail-time", "w") as f:
+        f.write(repr(time.time()))
+    sys.exit(3)
+print("rank %d of %d" % (comm.Get_rank(), comm.Get_size()), flush=True)
+comm.Barrier()
+"""
+TARGET_16_HOSTS_S = 8.0
+
+
+def growth(host_counts, runs, svg):
+    """N hosts x 1 process through `train`: the trivial job's span (first
+    `train` started to last one ended), the master's SSH readiness, and the
+    fail-fast span from a rank's exit on the last host to every host's exit."""
+    import sys
+
+    sys.path.insert(0, os.path.join(common.HERE, "..", "test"))
+    from cluster_jobs import ClusterJob
+
+    hps = dict(MPI_HPS, sagemaker_mpi_num_of_processes_per_host=1)
+    rows, series = [], {"trivial job": [], "fail-fast": []}
+    for n in host_counts:
+        spans, ssh, fails = [], [], []
+        last = "algo-%d" % n
+        with ClusterJob(common.fresh_dir("mpi-growth", str(n)), n,
+                        {"train.py": GROWTH_SCRIPT}, hyperparameters=hps) as job:
+            for i in range(runs):
+                t0 = time.monotonic()
+                job.start().wait(timeout=300)
+                assert set(job.codes().values()) == {0}, job.codes()
+                spans.append(max(r.ended for r in job.runs.values()) - t0)
+                status = json.loads(job.read("algo-1", "output", "status.json"))
+                if status.get("ssh_readiness"):
+                    ssh.append(status["ssh_readiness"]["end"] - status["ssh_readiness"]["start"])
+                job.start(FAIL_HOST=last).wait(timeout=300)
+                assert set(job.codes().values()) == {3}, job.codes()
+                offset = time.time() - time.monotonic()
+                failed_at = float(job.read(last, "model", "fail-time"))
+                fails.append(max(r.ended for r in job.runs.values()) + offset - failed_at)
+                print("  %d hosts, run %d: trivial %.2f s, fail-fast %.2f s" % (
+                    n, i + 1, spans[-1], fails[-1]), file=sys.stderr, flush=True)
+        rows.append([n, common.spread(spans), common.spread(ssh) if ssh else "-",
+                     common.spread(fails)])
+        series["trivial job"].append((n, (min(spans), common.median(spans), max(spans))))
+        series["fail-fast"].append((n, (min(fails), common.median(fails), max(fails))))
+    common.table(["hosts", "trivial job, first start -> last exit", "master's SSH readiness",
+                  "fail-fast: rank exit on last host -> last exit"], rows)
+    for n, (_, _, high) in series["trivial job"]:
+        if n == 16:
+            print("16 hosts, slowest run %.2f s (target <= %.0f s): %s" % (
+                high, TARGET_16_HOSTS_S, common.verdict(high <= TARGET_16_HOSTS_S)))
+    for n, (_, _, high) in series["fail-fast"]:
+        if n == 16:
+            print("16 hosts fail-fast, slowest run %.2f s (target <= %.0f s): %s" % (
+                high, TARGET_FAIL_S, common.verdict(high <= TARGET_FAIL_S)))
+    common.line_chart_svg(svg, "MPI through train: N hosts x 1 process (2 vCPUs)", "hosts",
+                          "seconds", series)
+    print("chart: %s" % os.path.relpath(svg))
+
+
 def main():
     p = common.parser(__doc__.splitlines()[0], runs=5)
     p.add_argument("--ref-runs", type=int, default=3)
@@ -210,7 +276,15 @@ def main():
                    "and on the floor's mpirun)")
     p.add_argument("--no-floor", dest="floor", action="store_false",
                    help="skip the bare-mpirun floor (mpirun alone, no toolkit)")
+    p.add_argument("--hosts", default="",
+                   help="host counts for the growth case instead (e.g. 2,4,8,16): N hosts x 1 "
+                   "process, ours only")
+    p.add_argument("--svg", default=os.path.join(common.HERE, "..", "docs", "scale-mpi.svg"),
+                   help="where the growth case draws its chart")
     args = p.parse_args()
+    if args.hosts:
+        common.print_header()
+        return growth([int(n) for n in args.hosts.split(",")], args.runs, args.svg)
     if args.mpi_options:
         MPI_HPS["sagemaker_mpi_custom_mpi_options"] = args.mpi_options
     common.print_header()

@@ -140,3 +140,62 @@ def verdict(ok):
 
 def ms(seconds):
     return "%.1f ms" % (seconds * 1000)
+
+
+def line_chart_svg(path, title, x_label, y_label, series, width=560, height=340):
+    """Write a small SVG line chart (no plotting library): `series` maps a
+    name to [(x, (low, middle, high))]; each series is drawn as its middle
+    values joined by a line, with a bar from low to high at every x."""
+    from xml.sax.saxutils import escape
+
+    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
+    left, right, top, bottom = 60, 150, 40, 50
+    xs = sorted({x for points in series.values() for x, _ in points})
+    y_max = max(high for points in series.values() for _, (_, _, high) in points) * 1.1 or 1
+    step = next(s for s in (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100) if y_max / s <= 8)
+
+    def px(x):
+        return left + (width - left - right) * (xs.index(x) / max(len(xs) - 1, 1))
+
+    def py(y):
+        return height - bottom - (height - top - bottom) * y / y_max
+
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" '
+           'font-family="sans-serif" font-size="12">' % (width, height),
+           '<rect width="100%" height="100%" fill="white"/>',
+           '<text x="%d" y="20" font-size="14">%s</text>' % (left, escape(title))]
+    y = 0.0
+    while y <= y_max:
+        out.append('<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#ddd"/>'
+                   % (left, width - right, py(y), py(y)))
+        out.append('<text x="%d" y="%.1f" text-anchor="end">%g</text>' % (left - 6, py(y) + 4, y))
+        y = round(y + step, 6)
+    for x in xs:
+        out.append('<text x="%.1f" y="%d" text-anchor="middle">%s</text>'
+                   % (px(x), height - bottom + 18, x))
+    out.append('<text x="%d" y="%d" text-anchor="middle">%s</text>'
+               % ((left + width - right) // 2, height - 10, escape(x_label)))
+    out.append('<text x="14" y="%d" transform="rotate(-90 14 %d)" text-anchor="middle">%s</text>'
+               % ((top + height - bottom) // 2, (top + height - bottom) // 2, escape(y_label)))
+    for i, (name, points) in enumerate(series.items()):
+        color = colors[i % len(colors)]
+        points = sorted(points)
+        out.append('<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>' % (
+            color, " ".join("%.1f,%.1f" % (px(x), py(mid)) for x, (_, mid, _) in points)))
+        for x, (low, mid, high) in points:
+            out.append('<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="%s"/>'
+                       % (px(x), px(x), py(low), py(high), color))
+            out.append('<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>' % (px(x), py(mid), color))
+        out.append('<line x1="%d" x2="%d" y1="%d" y2="%d" stroke="%s" stroke-width="2"/>'
+                   % (width - right + 10, width - right + 30, top + 10 + 18 * i,
+                      top + 10 + 18 * i, color))
+        out.append('<text x="%d" y="%d">%s</text>' % (width - right + 35, top + 14 + 18 * i,
+                                                     escape(name)))
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+
+
+def spread(xs):
+    """'min / median / max' of a list of seconds."""
+    return "%.2f / %.2f / %.2f s" % (min(xs), median(xs), max(xs))

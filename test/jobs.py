@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 from training_toolkit.jobtree import write_job_tree
 
@@ -13,6 +14,42 @@ from training_toolkit.jobtree import write_job_tree
 TRAIN = os.path.join(os.path.dirname(sys.executable), "train")
 if not os.path.exists(TRAIN):
     TRAIN = shutil.which("train") or "train"
+
+
+def wait_for(path, timeout=60):
+    """Wait until `path` exists (what a job writes to say it got somewhere)."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, "timed out waiting for %s" % path
+        time.sleep(0.02)
+
+
+# `train` processes the tests started in the background; whatever of them
+# (and of their trees) still runs when a test ends, a timeout or a failed
+# assertion included, is killed by the `end_started_trains` fixture.
+STARTED = []
+
+
+def kill_started():
+    """SIGKILL every started `train` still running, and its descendants
+    first (each user process runs in a session of its own)."""
+    import psutil
+
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is not None:
+            continue
+        try:
+            tree = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:
+            tree = []
+        for p in tree:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        proc.kill()
+        proc.wait()
 
 
 class Job:
@@ -51,7 +88,9 @@ class Job:
     def popen(self, env=None, **kw):
         kw.setdefault("stdout", subprocess.PIPE)
         kw.setdefault("stderr", subprocess.PIPE)
-        return subprocess.Popen([TRAIN], env=env or self.env(), **kw)
+        proc = subprocess.Popen([TRAIN], env=env or self.env(), **kw)
+        STARTED.append(proc)
+        return proc
 
     def run(self, timeout=120, env=None, **kw):
         kw.setdefault("stdout", subprocess.PIPE)

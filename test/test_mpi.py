@@ -113,7 +113,7 @@ def test_master_train_killed_ends_workers(tmp_path):
         job.signal("algo-1", signal.SIGKILL)
         job.wait(timeout=60)
         worker = job.runs["algo-2"]
-        assert worker.proc.returncode != 0
+        assert worker.proc.returncode == 79  # the cluster was lost (README's exit codes)
         assert worker.ended - killed < 30
         assert "master" in job.read("algo-2", "output", "failure")
         deadline = time.monotonic() + 10
@@ -152,8 +152,9 @@ def test_sigterm_on_master_reaches_every_rank(tmp_path):
             job.wait_for_file("algo-%d" % (rank // 2 + 1), "model", "ready-%d" % rank)
         job.signal("algo-1", signal.SIGTERM)
         job.wait(timeout=60)
-        codes = job.codes()
-        assert all(c != 0 for c in codes.values()), codes
+        # Stopped by SIGTERM: 143 on every host, though each rank exited 0
+        # after saving its checkpoint.
+        assert job.codes() == {"algo-1": 143, "algo-2": 143}
         for rank in range(4):
             host = "algo-%d" % (rank // 2 + 1)
             assert job.read(host, "model", "ckpt-%d" % rank) == host

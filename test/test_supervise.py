@@ -93,14 +93,23 @@ def test_kill_timer_can_be_rearmed_from_inside_arm():
     """A second SIGTERM whose handler runs while the first handler is inside
     KillTimer.arm() (starting the timer thread) must not deadlock."""
     fired = []
-    timer = supervise.KillTimer(lambda: fired.append(True))
+    killed = threading.Event()
+
+    def kill():
+        fired.append(True)
+        killed.set()
+
+    timer = supervise.KillTimer(kill)
     real_start = threading.Timer.start
-    nested = []
+    started = []  # every threading.Timer the KillTimer started, in order
 
     def start_with_a_signal_in_between(self):
-        if not nested:
-            nested.append(True)
+        if not started:
+            started.append(None)  # a placeholder while the nested arm() runs
             timer.arm(0.05)  # what the second signal's handler does
+            started[0] = self
+        else:
+            started.append(self)
         real_start(self)
 
     done = threading.Event()
@@ -115,9 +124,12 @@ def test_kill_timer_can_be_rearmed_from_inside_arm():
 
     threading.Thread(target=arm_once, daemon=True).start()
     assert done.wait(10), "KillTimer.arm deadlocked when re-entered"
-    deadline = threading.Event()
-    deadline.wait(1)
-    assert fired == [True]  # the sooner deadline won, and only one kill ran
+    assert killed.wait(10), "the sooner (0.05 s) deadline never fired"
+    # The sooner deadline won: the 30 s timer was cancelled or never armed,
+    # so only one kill ran or can run.
+    outer, nested = started[0], started[1]
+    assert nested.interval == 0.05 and outer.interval == 30
+    assert outer.finished.is_set() and fired == [True]
     timer.cancel()
 
 

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from jobs import Job
+from jobs import Job, wait_for
 
 DUMP_ENV = """
 import json, os, sys
@@ -253,12 +253,6 @@ def _job_processes(marker):
     return found
 
 
-def _wait_for(path, timeout=30):
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        assert time.monotonic() < deadline, "timed out waiting for %s" % path
-        time.sleep(0.02)
-
 
 def test_sigterm_is_forwarded_to_the_whole_tree(tmp_path):
     marker = "tt-marker-%d" % os.getpid()
@@ -279,7 +273,7 @@ def test_sigterm_is_forwarded_to_the_whole_tree(tmp_path):
     """ % marker
     job = Job(tmp_path, {"train.py": parent, "child.py": child})
     proc = job.popen(job.env(SM_TERMINATION_GRACE_SECONDS=5))
-    _wait_for(os.path.join(job.base, "model", "child-ready"))
+    wait_for(os.path.join(job.base, "model", "child-ready"))
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=30)
     assert proc.returncode == 128 + signal.SIGTERM
@@ -297,7 +291,7 @@ def test_sigkill_after_grace_period(tmp_path):
     """
     job = Job(tmp_path, {"train.py": script})
     proc = job.popen(job.env(SM_TERMINATION_GRACE_SECONDS=0.5))
-    _wait_for(os.path.join(job.base, "model", "ready"))
+    wait_for(os.path.join(job.base, "model", "ready"))
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=30)
     assert proc.returncode == 137
@@ -328,7 +322,7 @@ def test_user_process_ends_when_train_is_sigkilled(tmp_path):
     """
     job = Job(tmp_path, {"train.py": script}, hyperparameters={"marker": marker})
     proc = job.popen()
-    _wait_for(os.path.join(job.base, "model", "ready"))
+    wait_for(os.path.join(job.base, "model", "ready"))
     proc.kill()
     proc.communicate(timeout=30)
     deadline = time.monotonic() + 10

@@ -1,4 +1,5 @@
-"""`training-toolkit`: run a job locally, print a job's plan or environment."""
+"""`training-toolkit`: run a job locally, print a job's plan or environment,
+draw where its time went."""
 import argparse
 import json
 import os
@@ -7,7 +8,8 @@ import sys
 import tempfile
 
 from . import params
-from .errors import ToolkitError, UsageError
+from .errors import ConfigError, InternalError, ToolkitError, UsageError
+from .redact import mask
 
 
 def _pairs(values, what):
@@ -83,7 +85,27 @@ def _verdict(hosts, roots, codes):
         print("[training-toolkit] %s: %s\n  model:  %s/model\n  output: %s/output"
               % (host, "succeeded" if code == 0 else "failed with exit code %d" % code,
                  root, root), file=sys.stderr, flush=True)
+    _draw_timeline(os.path.dirname(roots[0]))
     return next((c for c in codes if c != 0), 0)
+
+
+def _draw_timeline(job_dir):
+    """The job's picture (JOB_DIR/timeline.svg); one that cannot be drawn is
+    said, and never changes the job's exit code."""
+    from .timeline import write_picture
+
+    try:
+        print("[training-toolkit] timeline: %s" % write_picture(job_dir), file=sys.stderr,
+              flush=True)
+    except ToolkitError as e:
+        print("[training-toolkit] no timeline: %s" % e.message, file=sys.stderr, flush=True)
+
+
+def cmd_timeline(args):
+    from .timeline import write_picture
+
+    print(write_picture(args.job_dir, args.out))
+    return 0
 
 
 def _local_cluster(args, job_dir, entry, code_dir, channels, hps):
@@ -94,11 +116,11 @@ def _local_cluster(args, job_dir, entry, code_dir, channels, hps):
     hosts, roots = _host_trees(args, job_dir, entry, code_dir, channels, hps, code_dir)
     shared = [job_dir, code_dir] + [os.path.abspath(p) for p in channels.values()]
     env = {k: v for k, v in os.environ.items() if k not in (params.BASE_DIR_ENV, "TMPDIR")}
-    train = os.path.join(os.path.dirname(sys.executable), "train")
+    train = [sys.executable, "-m", "training_toolkit"]  # also where no `train` script was made
     print("[training-toolkit] %d simulated hosts, job trees under %s" % (len(hosts), job_dir),
           file=sys.stderr, flush=True)
     with SimCluster(len(hosts), roots, shared_paths=shared) as cluster:
-        procs = [cluster.popen(h, [train], env=env) for h in hosts]
+        procs = [cluster.popen(h, train, env=env) for h in hosts]
         codes = [p.wait() for p in procs]
     return _verdict(hosts, roots, codes)
 
@@ -133,13 +155,20 @@ def _local_containers(args, job_dir, entry, code_dir, channels, hps):
 
 
 def _environment(args):
+    """The job tree's environment, checked as `train` checks it at start."""
     from .environment import Environment
     from .paths import JobPaths
+    from .trainer import grace_seconds
 
     environ = dict(os.environ)
     if args.job_dir:
         environ[params.BASE_DIR_ENV] = os.path.abspath(args.job_dir)
-    return Environment.read(JobPaths.from_environ(environ), environ)
+    paths = JobPaths.from_environ(environ)
+    if not os.path.isdir(paths.base):
+        raise ConfigError("no job tree: not a directory (give --job-dir, or set %s)"
+                          % params.BASE_DIR_ENV, path=paths.base)
+    grace_seconds(environ)
+    return Environment.read(paths, environ)
 
 
 def cmd_plan(args):
@@ -147,7 +176,7 @@ def cmd_plan(args):
 
     launch = plan(_environment(args))
     if args.json:
-        print(json.dumps(launch.to_dict(), indent=2))
+        print(json.dumps(mask(launch.to_dict()), indent=2))
         return 0
     print("runner: %s\nhost:   %s (%s)" % (launch.runner, launch.host, launch.role))
     for note in launch.notes:
@@ -157,14 +186,14 @@ def cmd_plan(args):
         return 0
     print("cwd:    %s\ncommand:\n  %s\nenvironment (added to the inherited one):"
           % (cmd.cwd, cmd.shell_line()))
-    for key, value in sorted(cmd.env.items()):
+    for key, value in sorted(mask(cmd.env).items()):
         print("  %s=%s" % (key, value))
     return 0
 
 
 def cmd_env(args):
     env = _environment(args)
-    exported = env.to_env_vars()
+    exported = mask(env.to_env_vars())
     if args.json:
         print(json.dumps(exported, indent=2, sort_keys=True))
     else:
@@ -173,8 +202,16 @@ def cmd_env(args):
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with the documented usage exit code (64) instead of 2."""
+
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        self.exit(UsageError.exit_code, "%s: error: %s\n" % (self.prog, message))
+
+
 def parser():
-    p = argparse.ArgumentParser(prog="training-toolkit", description=__doc__)
+    p = _Parser(prog="training-toolkit", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
     local = sub.add_parser("local", help="run a job on this machine through `train`")
@@ -202,6 +239,13 @@ def parser():
         sp.add_argument("--job-dir", help="job tree (default: $SAGEMAKER_BASE_DIR or /opt/ml)")
         sp.add_argument("--json", action="store_true", help="print JSON")
         sp.set_defaults(func=func)
+
+    timeline = sub.add_parser("timeline", help="draw where a job's time went: one row per host")
+    timeline.add_argument("job_dir", help="a job tree, or a dir of one job tree per host "
+                                          "(as `local --hosts N` makes)")
+    timeline.add_argument("--out", metavar="FILE",
+                          help="SVG, or PNG with the png extra (default: JOB_DIR/timeline.svg)")
+    timeline.set_defaults(func=cmd_timeline)
     return p
 
 
@@ -212,7 +256,16 @@ def main(argv=None):
     except ToolkitError as e:
         print("training-toolkit: %s" % e.message, file=sys.stderr)
         return e.exit_code
+    except Exception as e:  # noqa: BLE001 - a bug: one line, and the documented code
+        error = InternalError("internal error in training-toolkit (please report it): %s: %s"
+                              % (type(e).__name__, e))
+        print("training-toolkit: %s" % error.message, file=sys.stderr)
+        return error.exit_code
 
 
 def console_main():
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    console_main()

@@ -6,10 +6,10 @@ framework toolkit hooked in with SAGEMAKER_TRAINING_MODULE can call it.
 import os
 import stat
 
-from . import log, params
+from . import log, params, report
 from .environment import Environment
 from .errors import CodeNotFoundError, ConfigError, ExecuteUserScriptError
-from .paths import is_populated
+from .paths import entry_point_path, is_populated
 from .report import Reporter
 from .runners import RunnerType, load, load_for
 from .runners.plan import COMMAND, PYTHON_PACKAGE, entry_kind
@@ -22,6 +22,7 @@ _job = {"supervisor": None, "reporter": None}
 
 def attach(supervisor, reporter):
     _job["supervisor"], _job["reporter"] = supervisor, reporter
+    report.activate(reporter)
 
 
 def _phase(reporter, name, fn, *args, **kwargs):
@@ -90,17 +91,13 @@ def check_entry_point(env, entry_point):
     """The entry point must exist before anything starts; a `.sh` or other
     command loses its exec bit in some archives, so restore it. An SDK v3
     SourceCode.command or custom driver needs none."""
-    if env.v3_job is not None and env.v3_job.runner in ("command", "driver") \
-            and not entry_point:
+    if not named_entry_point(env, entry_point):
         return
-    if not entry_point:
-        raise ConfigError("no entry point: set the %s hyperparameter or %s"
-                          % (params.USER_PROGRAM, params.PROGRAM_ENV),
-                          path=env.paths.hyperparameters_file, field=params.USER_PROGRAM)
+    # Again now that the code, and any link in it, is here.
+    path = entry_point_path(env.code_dir, entry_point, *env.entry_point_source)
     kind = entry_kind(env.code_dir, entry_point, packages=env.v3_job is None)
     if kind == PYTHON_PACKAGE:
         return
-    path = entry_point_path(env.code_dir, entry_point)
     if not os.path.isfile(path):
         try:
             present = sorted(os.listdir(env.code_dir))[:20]
@@ -115,15 +112,15 @@ def check_entry_point(env, entry_point):
             os.chmod(path, mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
-def entry_point_path(code_dir, entry_point):
-    """The entry point's path, which must stay inside the code dir."""
-    path = os.path.join(code_dir, entry_point)
-    real_dir = os.path.realpath(code_dir)
-    if os.path.commonpath([real_dir, os.path.realpath(path)]) != real_dir:
-        raise ConfigError("entry point %r resolves outside the code dir %s; name a file "
-                          "inside it, such as 'train.py' or 'bin/train.sh'"
-                          % (entry_point, code_dir), field=params.USER_PROGRAM)
-    return path
+def named_entry_point(env, entry_point):
+    """The entry point, or None for an SDK v3 SourceCode.command or custom
+    driver, which runs without one; ConfigError when the job names none."""
+    if not entry_point and not (env.v3_job is not None
+                                and env.v3_job.runner in ("command", "driver")):
+        raise ConfigError("no entry point: set the %s hyperparameter or %s"
+                          % (params.USER_PROGRAM, params.PROGRAM_ENV),
+                          path=env.paths.hyperparameters_file, field=params.USER_PROGRAM)
+    return entry_point or None
 
 
 def plan(env, entry_point=None, args=None, runner_type=None, env_vars=None, extra_opts=None,
@@ -137,7 +134,7 @@ def plan(env, entry_point=None, args=None, runner_type=None, env_vars=None, extr
 
         return process.plan_command(env, command, env_vars)
     runner_type = runner_type or select(env)
-    entry_point = entry_point or env.user_entry_point
+    entry_point = named_entry_point(env, entry_point or env.user_entry_point)
     args = env.to_cmd_args() if args is None else list(args)
     return load(runner_type).plan(env, entry_point, args, extra_env=env_vars,
                                   options=extra_opts or {})

@@ -15,10 +15,16 @@ import sys
 
 from . import params, resources
 from .errors import ConfigError
-from .paths import DEFAULT_BASE_DIR, JobPaths
+from .paths import DEFAULT_BASE_DIR, JobPaths, entry_point_path, resolves_inside
 
 HOMOGENEOUS_GROUP = "homogeneousCluster"
 LOCAL_HOST = "algo-1"
+# JSON nested deeper than this is refused: no configuration comes near it,
+# and Python's recursion limit could not read it back or export it.
+MAX_JSON_DEPTH = 100
+# Room kept under ARG_MAX for what a launcher adds to the user's command line
+# and environment (mpirun's or torchrun's options, the variables it sets).
+LAUNCHER_RESERVE_BYTES = 16 * 1024
 
 # SM_<KEY> -> the Environment property it exports. Channels (SM_CHANNEL_<NAME>)
 # and hyperparameters (SM_HP_<KEY>) are added per job in `to_env_vars`.
@@ -89,14 +95,51 @@ def read_json(path, default):
     except OSError as e:
         raise ConfigError("cannot read: %s" % e.strerror, path=path)
     try:
-        return json.loads(data)
+        document = json.loads(data)
     except ValueError as e:
         raise ConfigError("not valid JSON: %s" % e, path=path)
+    except RecursionError:
+        raise ConfigError(_TOO_DEEP, path=path) from None
+    _require(not _too_deep(document), _TOO_DEEP, path, None)
+    return document
+
+
+_TOO_DEEP = "JSON nested more than %d levels deep" % MAX_JSON_DEPTH
+
+
+def _too_deep(value):
+    """Whether `value` nests lists and objects more than MAX_JSON_DEPTH levels."""
+    level, items = 0, [value]
+    while items:
+        containers = [v for v in items if isinstance(v, (dict, list))]
+        if not containers:
+            return False
+        level += 1
+        if level > MAX_JSON_DEPTH:
+            return True
+        items = [v for c in containers for v in (c.values() if isinstance(c, dict) else c)]
+    return False
 
 
 def _require(cond, message, path, field):
     if not cond:
         raise ConfigError(message, path=path, field=field)
+
+
+def _shown(value):
+    """A value as an error message shows it: JSON, cut short."""
+    text = json.dumps(value, default=repr)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _require_text(value, path, field, variable_name=False):
+    """`value` must be a string that can go into an argv or the environment
+    (a variable's name, with `variable_name`, cannot hold '=' either)."""
+    _require(isinstance(value, str), "must be a string, got %s" % _shown(value), path, field)
+    why = params.unusable_text(value)
+    if why is None and variable_name and "=" in value:
+        why = "contains '=', which cannot be in the name of an environment variable"
+    _require(why is None, "%s %s" % (_shown(value), why), path, field)
 
 
 class Environment(collections.abc.Mapping):
@@ -127,14 +170,25 @@ class Environment(collections.abc.Mapping):
         hosts = resource_config.get("hosts")
         _require(isinstance(hosts, list) and hosts and all(isinstance(h, str) and h for h in hosts),
                  "must be a non-empty list of host names", rc_file, "hosts")
+        for host in hosts:
+            _require_text(host, rc_file, "hosts")
+        repeated = sorted(h for h, n in collections.Counter(hosts).items() if n > 1)
+        _require(not repeated, "names %s more than once: each host is listed once"
+                 % ", ".join(repeated), rc_file, "hosts")
         hosts = sorted(hosts)
         current_host = resource_config.get("current_host")
         _require(current_host in hosts, "%r is not one of hosts %s" % (current_host, hosts),
                  rc_file, "current_host")
+        instance_type = resource_config.get("current_instance_type", "local")
+        interface = resource_config.get("network_interface_name", "eth0")
+        _require_text(instance_type, rc_file, "current_instance_type")
+        _require_text(interface, rc_file, "network_interface_name")
 
         if input_data_config is None:
             input_data_config = read_json(idc_file, {})
         _require(isinstance(input_data_config, dict), "must be a JSON object", idc_file, None)
+        for channel in input_data_config:  # each becomes SM_CHANNEL_<NAME>
+            _require_text(channel, idc_file, channel, variable_name=True)
 
         if hyperparameters is None:
             hyperparameters = read_hyperparameters(paths)
@@ -143,10 +197,21 @@ class Environment(collections.abc.Mapping):
                          if k in params.RESERVED or k.startswith(params.SAGEMAKER_PREFIX)}
         user_hps = {k: v for k, v in hyperparameters.items() if k not in sagemaker_hps}
         framework_params = {k: v for k, v in sagemaker_hps.items() if k not in params.RESERVED}
+        # Each user hyperparameter becomes SM_HP_<KEY> and `--key value` in argv.
+        for key, value in user_hps.items():
+            _require_text(key, hp_file, key, variable_name=True)
+            if isinstance(value, str):
+                _require_text(value, hp_file, key)
+        for key in (params.USER_PROGRAM, params.SUBMIT_DIR, params.REGION, params.JOB_NAME,
+                    params.S3_OUTPUT):
+            if sagemaker_hps.get(key) is not None:
+                _require_text(sagemaker_hps[key], hp_file, key)
 
         # Entry point and code: environment overrides first, then hyperparameters;
         # an SDK v3 tree names them in sm_drivers/ and ships the code as a channel.
         entry_point = environ.get(params.PROGRAM_ENV) or sagemaker_hps.get(params.USER_PROGRAM)
+        entry_point_source = ((None, params.PROGRAM_ENV) if environ.get(params.PROGRAM_ENV)
+                              else (hp_file, params.USER_PROGRAM))
         module_dir = (environ.get(params.SUBMIT_DIR_ENV) or sagemaker_hps.get(params.SUBMIT_DIR)
                       or paths.code_dir)
         code_dir = paths.code_dir
@@ -159,14 +224,22 @@ class Environment(collections.abc.Mapping):
             if source_code is None:
                 source_code = read_json(paths.source_code_file, None)
             v3_job = v3.read(paths, distributed, source_code)
-            entry_point = v3_job.entry_script or entry_point
+            if v3_job.entry_script:
+                entry_point = v3_job.entry_script
+                entry_point_source = (paths.source_code_file, "entry_script")
             code_dir = module_dir = paths.v3_code_dir
             if not entry_point and v3_job.runner not in ("command", "driver"):
                 raise ConfigError("needs entry_script (or command)", path=paths.source_code_file,
                                   field="entry_script")
             smp = v3_job.config.get("smp")
-            if smp and "mp_parameters" not in user_hps:
+            if isinstance(smp, dict) and smp and "mp_parameters" not in user_hps:
                 user_hps["mp_parameters"] = {k: v for k, v in smp.items() if v is not None}
+        else:
+            _check_submit_dir(module_dir, code_dir, environ, hp_file)
+        if entry_point:
+            # Here as far as the path goes; again once the code (and its links) is fetched.
+            _require_text(entry_point, *entry_point_source)
+            entry_point_path(code_dir, entry_point, *entry_point_source)
 
         groups = resource_config.get("instance_groups") or []
         _require(isinstance(groups, list), "must be a list", rc_file, "instance_groups")
@@ -175,7 +248,14 @@ class Environment(collections.abc.Mapping):
                      and isinstance(group.get("hosts"), list),
                      "each entry needs instance_group_name and hosts", rc_file,
                      "instance_groups[%d]" % i)
+            _require_text(group["instance_group_name"], rc_file,
+                          "instance_groups[%d].instance_group_name" % i)
+            _require(all(isinstance(h, str) and h in hosts for h in group["hosts"]),
+                     "every host must be one of hosts %s" % hosts, rc_file,
+                     "instance_groups[%d].hosts" % i)
         current_group = resource_config.get("current_group_name", HOMOGENEOUS_GROUP)
+        if current_group is not None:
+            _require_text(current_group, rc_file, "current_group_name")
         groups_dict = {g["instance_group_name"]: g for g in groups}
         dist_groups = framework_params.get(params.DISTRIBUTION_INSTANCE_GROUPS)
         if dist_groups is None:
@@ -183,8 +263,11 @@ class Environment(collections.abc.Mapping):
                 params.is_true(framework_params.get(k, False))
                 for k in params.DISTRIBUTION_SWITCHES)
             dist_groups = [current_group] if switched_on else []
-        _require(isinstance(dist_groups, list), "must be a list of instance group names",
-                 hp_file, params.DISTRIBUTION_INSTANCE_GROUPS)
+        _require(isinstance(dist_groups, list) and all(isinstance(g, str) for g in dist_groups),
+                 "must be a list of instance group names", hp_file,
+                 params.DISTRIBUTION_INSTANCE_GROUPS)
+        if v3_job is None:
+            _check_one_launcher(framework_params, hp_file)
         unknown = [g for g in dist_groups if groups and g not in groups_dict]
         _require(not unknown, "names instance groups %s, but %s has only %s"
                  % (unknown, rc_file, sorted(groups_dict)), hp_file,
@@ -200,9 +283,17 @@ class Environment(collections.abc.Mapping):
         _require(os.path.isfile(job_python) and os.access(job_python, os.X_OK),
                  "%r is not an executable file" % job_python, None, params.JOB_PYTHON_ENV)
         log_level = sagemaker_hps.get(params.LOG_LEVEL, 20)
-        if isinstance(log_level, str) and log_level.isdigit():
-            log_level = int(log_level)
-        instance_type = resource_config.get("current_instance_type", "local")
+        _require(isinstance(log_level, (int, str)) and not isinstance(log_level, bool),
+                 "must be a level number (10, 20, ...) or name (DEBUG, INFO, ...), got %s"
+                 % _shown(log_level), hp_file, params.LOG_LEVEL)
+        if isinstance(log_level, str):
+            try:
+                log_level = int(log_level)
+            except ValueError:
+                pass  # a level name
+        master_port = _master_port(environ)
+        if environ.get(params.S3_ENDPOINT_ENV):
+            _check_endpoint_url(environ[params.S3_ENDPOINT_ENV])
         mp_parameters = user_hps.get("mp_parameters") or environ.get("SM_HP_MP_PARAMETERS")
         channel_dirs = {name: paths.channel_dir(name) for name in input_data_config}
 
@@ -221,8 +312,8 @@ class Environment(collections.abc.Mapping):
             is_hetero=len(groups) > 1,
             master_hostname=master,
             is_master=current_host == master,
-            master_port=int(environ.get("SM_MASTER_PORT") or params.DEFAULT_MASTER_PORT),
-            network_interface_name=resource_config.get("network_interface_name", "eth0"),
+            master_port=master_port,
+            network_interface_name=interface,
             topology=resource_config.get("topology", []),
             resource_config=resource_config,
             input_data_config=input_data_config,
@@ -231,6 +322,7 @@ class Environment(collections.abc.Mapping):
             hyperparameters=user_hps,
             additional_framework_parameters=framework_params,
             user_entry_point=entry_point,
+            entry_point_source=entry_point_source,
             module_name=_module_name(entry_point),
             module_dir=str(module_dir),
             code_dir=code_dir,
@@ -264,8 +356,11 @@ class Environment(collections.abc.Mapping):
 
     @classmethod
     def read(cls, paths=None, environ=None):
-        """The job tree's config files (under SAGEMAKER_BASE_DIR, or `paths`)."""
-        return cls(paths=paths, environ=environ)
+        """The job tree's config files (under SAGEMAKER_BASE_DIR, or `paths`),
+        checked to fit in the user's process (`check_exec_limits`)."""
+        env = cls(paths=paths, environ=environ)
+        check_exec_limits(env, environ)
+        return env
 
     @property
     def distributed(self):
@@ -362,6 +457,129 @@ class Environment(collections.abc.Mapping):
             self.current_host, self.hosts, self.user_entry_point)
 
 
+def _check_submit_dir(submit_dir, code_dir, environ, hp_file):
+    """A local submit directory is copied into the code dir: one that holds
+    the code dir (an ancestor of the job tree) would be copied into itself."""
+    local = submit_dir[len("file://"):] if submit_dir.startswith("file://") else submit_dir
+    if "://" in local or os.path.realpath(local) == os.path.realpath(code_dir):
+        return
+    if resolves_inside(local, code_dir):
+        source = ((None, params.SUBMIT_DIR_ENV) if environ.get(params.SUBMIT_DIR_ENV)
+                  else (hp_file, params.SUBMIT_DIR))
+        raise ConfigError("%s holds the job tree's code dir %s, so it would be copied into "
+                          "itself; name the directory of the code alone" % (submit_dir, code_dir),
+                          *source)
+
+
+def _check_one_launcher(framework_params, hp_file):
+    """The legacy switches must ask for one launcher (params.LAUNCHERS)."""
+    switched_on = [(switch, program) for _runner, switches, program in params.LAUNCHERS
+                   for switch in switches if params.is_true(framework_params.get(switch))]
+    programs = sorted({program for _switch, program in switched_on})
+    if len(programs) > 1:
+        raise ConfigError("%s are true together, and they ask for different launchers (%s): "
+                          "a job runs one; keep the switch of the one you mean"
+                          % (", ".join(s for s, _p in switched_on), " and ".join(programs)),
+                          path=hp_file)
+
+
+def _master_port(environ):
+    raw = environ.get("SM_MASTER_PORT")
+    if not raw:
+        return params.DEFAULT_MASTER_PORT
+    port = raw.strip()
+    _require(port.isascii() and port.isdigit() and 0 < int(port) < 65536,
+             "must be a TCP port number (1-65535), got %r" % raw, None, "SM_MASTER_PORT")
+    return int(port)
+
+
+# botocore's own test of an endpoint's host name (utils.is_valid_endpoint_url).
+_HOST_NAME = r"^((?!-)[A-Z\d-]{1,63}(?<!-)\.)*((?!-)[A-Z\d-]{1,63}(?<!-))$"
+
+
+def _check_endpoint_url(url):
+    """S3_ENDPOINT_URL must be what botocore accepts: http(s)://host[:port],
+    checked here without importing botocore."""
+    import ipaddress
+    import re
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        host, _port = parts.hostname, parts.port  # .port raises on a bad port
+    except ValueError as e:
+        why = str(e)
+    else:
+        why = None
+        if any(c.isspace() or not c.isprintable() for c in url):
+            why = "it holds whitespace or control characters"
+        elif parts.scheme not in ("http", "https"):
+            why = "the scheme must be http or https"
+        elif not host:
+            why = "it names no host"
+        elif len(host) > 255 or not re.match(_HOST_NAME, host.rstrip("."), re.I):
+            try:
+                ipaddress.IPv6Address(host.split("%")[0])
+            except ValueError:
+                why = "%r is not a host name" % host
+    _require(why is None, "%r is not an endpoint URL (http(s)://host[:port]): %s" % (url, why),
+             None, params.S3_ENDPOINT_ENV)
+
+
+_MADE_OF_HYPERPARAMETERS = ("SM_HPS", "SM_USER_ARGS", "SM_TRAINING_ENV")
+
+
+def check_exec_limits(env, environ=None):
+    """The user's process gets the hyperparameters in its argv and, several
+    times over, in its environment (SM_HP_<KEY>, SM_HPS, SM_USER_ARGS,
+    SM_TRAINING_ENV). The kernel starts no process with one string over
+    MAX_ARG_STRLEN (Linux) or with argv and environment together over ARG_MAX:
+    a job that cannot start is refused now, naming the limit and the key."""
+    environ = os.environ if environ is None else environ
+    hp_file = env.paths.hyperparameters_file
+    exported = env.to_env_vars()
+
+    def size(text):  # bytes, with the terminating NUL
+        return len(text.encode("utf-8", "surrogateescape")) + 1
+
+    if sys.platform.startswith("linux"):
+        per_string = 32 * os.sysconf("SC_PAGE_SIZE")  # the kernel's MAX_ARG_STRLEN
+        limit = ("over Linux's limit of %d bytes for one argument or environment string "
+                 "(MAX_ARG_STRLEN)" % per_string)
+        for key in env.hyperparameters:
+            variable = "SM_HP_" + key.upper()
+            got = size("%s=%s" % (variable, exported[variable]))
+            _require(got <= per_string, "its value makes %s %d bytes, %s; pass large data in a "
+                     "file of an input channel" % (variable, got, limit), hp_file, key)
+        for name, value in exported.items():
+            got = size("%s=%s" % (name, value))
+            made_of_hyperparameters = name in _MADE_OF_HYPERPARAMETERS
+            _require(got <= per_string, "the variable %s would be %d bytes, %s%s" % (
+                name, got, limit, "; it holds the job's %d hyperparameters: pass large data "
+                "in a file of an input channel" % len(env.hyperparameters)
+                if made_of_hyperparameters else ""),
+                hp_file if made_of_hyperparameters else None, None)
+    arg_max = os.sysconf("SC_ARG_MAX")
+    if arg_max <= 0:
+        return
+    merged = dict(environ)
+    merged.update(exported)
+    argv = [env.job_python, env.user_entry_point or ""] + list(env.user_args)
+    pointer = 8  # each string also takes a pointer in the new process's argv or envp
+    total = (sum(size("%s=%s" % item) + pointer for item in merged.items())
+             + sum(size(arg) + pointer for arg in argv))
+    if total + LAUNCHER_RESERVE_BYTES > arg_max:
+        largest = sorted(env.hyperparameters, reverse=True,
+                         key=lambda k: len(params.format_arg_value(env.hyperparameters[k])))[:3]
+        raise ConfigError(
+            "the user's command line and environment would take %d bytes, over the system's "
+            "limit of %d (ARG_MAX, os.sysconf('SC_ARG_MAX'), less %d kept for the launcher); "
+            "the %d hyperparameters go there several times over (largest: %s): pass large "
+            "data in a file of an input channel"
+            % (total, arg_max, LAUNCHER_RESERVE_BYTES, len(env.hyperparameters),
+               ", ".join(largest) or "none"), path=hp_file)
+
+
 def _is_v3_tree(paths):
     return os.path.isdir(paths.drivers_dir)
 
@@ -379,10 +597,20 @@ def read_hyperparameters(paths=None):
     """hyperparameters.json, each value JSON-decoded (kept raw when it is not
     JSON: people hand-write the file too)."""
     paths = paths or JobPaths.from_environ()
-    document = read_json(paths.hyperparameters_file, {})
+    hp_file = paths.hyperparameters_file
+    document = read_json(hp_file, {})
     if not isinstance(document, dict):
-        raise ConfigError("must be a JSON object", path=paths.hyperparameters_file)
-    return {k: params.decode_value(v) for k, v in document.items()}
+        raise ConfigError("must be a JSON object", path=hp_file)
+
+    def decode(key, raw):
+        try:
+            value = params.decode_value(raw)
+        except RecursionError:
+            raise ConfigError("the value is " + _TOO_DEEP, path=hp_file, field=key) from None
+        _require(not _too_deep(value), "the value is " + _TOO_DEEP, hp_file, key)
+        return value
+
+    return {k: decode(k, v) for k, v in document.items()}
 
 
 def read_resource_config(paths=None):

@@ -15,6 +15,8 @@ code meaning
 69   a required program is missing (sshd, mpirun, torchrun, ...)
 70   internal error in the toolkit (a bug: please report it)
 72   installing the user's requirements or package failed
+73   the job succeeded but `output/success` could not be written (the
+     output dir read-only, not a directory, out of inodes); failures keep theirs
 74   code fetch failed (I/O error, S3 retries exhausted within the deadline)
 77   access denied (S3 403)
 78   bad job configuration (a file, field or hyperparameter is invalid)
@@ -22,6 +24,7 @@ code meaning
      SSH, the master host vanished)
 ==== =====================================================================
 """
+from .redact import mask_argv, one_line
 
 
 class ToolkitError(Exception):
@@ -112,6 +115,19 @@ class ClusterError(ClientError):
     exit_code = 79
 
 
+class OutputWriteError(ToolkitError):
+    """The job succeeded but `output/success` could not be written: `train`
+    does not report a success it could not record."""
+
+    exit_code = 73
+
+    def __init__(self, path, reason):
+        super().__init__("cannot write %s: %s; the job's program succeeded, but its success "
+                         "could not be recorded (check the output dir's mount, space and "
+                         "inodes)" % (path, reason))
+        self.path = path
+
+
 class SMTrainingCompilerConfigurationError(ConfigError):
     """The SageMaker Training Compiler is configured wrongly (the
     reference's name)."""
@@ -183,10 +199,10 @@ class _CalledProcessError(ClientError):
             except ValueError:
                 pass
         where = " on %s" % self.where if self.where else ""
-        cmd = self.cmd
+        cmd = _masked(self.cmd)
         if isinstance(cmd, (list, tuple)):
             cmd = " ".join(str(part) for part in cmd)
-        return "%s%s: %s" % (how, where, cmd)
+        return "%s%s: %s" % (how, where, one_line(cmd))
 
     def __str__(self):
         output = self.output
@@ -197,8 +213,26 @@ class _CalledProcessError(ClientError):
                  'ErrorMessage "%s"' % (output or "")]
         if self.extra_info is not None:
             lines.append('ExtraInfo "%s"' % (self.extra_info,))
-        lines.append('Command "%s"' % (self.cmd,))
+        lines.append('Command "%s"' % (_masked(self.cmd),))
         return "\n".join(lines).strip()
+
+
+def _masked(cmd):
+    """A failed command as messages show it, in the type it came in:
+    secret-looking hyperparameter values masked (see redact)."""
+    if isinstance(cmd, (list, tuple)):
+        masked = mask_argv(cmd)
+        return cmd if masked == [str(part) for part in cmd] else type(cmd)(masked)
+    if isinstance(cmd, str):
+        import shlex
+
+        try:
+            parts = shlex.split(cmd)
+        except ValueError:
+            return cmd
+        masked = mask_argv(parts)
+        return cmd if masked == parts else " ".join(masked)
+    return cmd
 
 
 def _as_int(code):

@@ -1,9 +1,11 @@
 """Installing the user's dependencies: `requirements.txt`, or the code dir as
 a package when it holds setup.py / pyproject.toml."""
 import os
+import signal
 import sys
 
 from .errors import InstallModuleError, InstallRequirementsError
+from .supervise import Terminated
 
 # pip's ways of naming the requirement it could not satisfy (compiled only
 # when an install failed: not on `train`'s start-up path).
@@ -68,8 +70,12 @@ def install_error(label, argv, code_dir, outcome):
 
 
 def install(code_dir, supervisor, python=None, requirements="requirements.txt", package=True):
-    """Run the install steps; a failure raises an error naming what failed."""
+    """Run the install steps; a failure raises an error naming what failed,
+    and a stop signal (pip ended by our SIGTERM) ends the job as in any
+    other phase."""
     for label, argv in install_steps(code_dir, python, requirements, package):
         outcome = supervisor.run(argv, cwd=code_dir)
+        if outcome.terminated_by_us:
+            raise Terminated(signal.SIGTERM)
         if outcome.exit_code != 0:
             raise install_error(label, argv, code_dir, outcome)

@@ -1,7 +1,11 @@
 """The toolkit's own log lines: `[training-toolkit] message` on stderr, one
-write per line so they never interleave inside a user's line."""
+write per line so they never interleave inside a user's line. A message is
+always one line: line breaks and control characters in it (a hyperparameter
+value, a path) are escaped, so that none can forge a log line."""
 import os
 import sys
+
+from .redact import one_line
 
 PREFIX = "[training-toolkit] "
 _state = {"level": 20}
@@ -15,7 +19,7 @@ def set_level(level):
 
 def _emit(level, message):
     if level >= _state["level"]:
-        data = (PREFIX + message.rstrip("\n") + "\n").encode("utf-8", "replace")
+        data = (PREFIX + one_line(message.rstrip("\n")) + "\n").encode("utf-8", "replace")
         try:
             os.write(sys.stderr.fileno(), data)
         except (OSError, ValueError, AttributeError):

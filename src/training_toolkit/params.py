@@ -43,6 +43,18 @@ DISTRIBUTION_SWITCHES = (
     XLA_MULTI_WORKER_ENABLED, MULTI_WORKER_MIRRORED_ENABLED, TORCH_DISTRIBUTED_ENABLED,
 )
 
+# The launchers the legacy switches ask for, in the order runners.select()
+# tries them: (RunnerType value, its switches, the program that launches the
+# ranks). A job runs one launcher; switches naming two programs are a
+# configuration error (SMDDP launches through mpirun, so the MPI switch may
+# come with it).
+LAUNCHERS = (
+    ("SMDataParallel", (SMDDP_ENABLED, PYTORCH_DDP_ENABLED), "mpirun"),
+    ("MPI", (MPI_ENABLED,), "mpirun"),
+    ("TorchDistributed", (TORCH_DISTRIBUTED_ENABLED,), "torchrun"),
+    ("PyTorchXLA", (XLA_MULTI_WORKER_ENABLED,), "xla_spawn"),
+)
+
 # Environment overrides.
 PROGRAM_ENV = "SAGEMAKER_PROGRAM"
 SUBMIT_DIR_ENV = "SAGEMAKER_SUBMIT_DIRECTORY"
@@ -56,6 +68,7 @@ GRACE_ENV = "SM_TERMINATION_GRACE_SECONDS"
 # (a user's conda env or venv beside the toolkit's own).
 JOB_PYTHON_ENV = "TRAINING_TOOLKIT_PYTHON"
 DEFAULT_GRACE_SECONDS = 110.0
+MAX_GRACE_SECONDS = 86400  # a day: longer is a mistake, and timers cannot wait forever
 DEFAULT_MASTER_PORT = 7777
 
 # Names of sagemaker_training.params, for framework toolkits that import them.
@@ -102,6 +115,18 @@ def decode_value(raw):
         return json.loads(raw)
     except ValueError:
         return raw
+
+
+def unusable_text(text):
+    """Why `text` cannot be an argument or an environment string of a
+    process (a NUL ends it; a lone surrogate has no bytes), or None."""
+    if "\0" in text:
+        return "contains a NUL character"
+    try:
+        text.encode("utf-8", "surrogateescape")  # os.fsencode, without importing os here
+    except UnicodeEncodeError:
+        return "is not valid Unicode text (a lone surrogate)"
+    return None
 
 
 def format_env_value(value):

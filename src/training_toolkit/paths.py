@@ -5,6 +5,9 @@ else in the package joins path fragments under it by hand.
 """
 import os
 
+from .errors import ConfigError
+from .params import USER_PROGRAM
+
 DEFAULT_BASE_DIR = "/opt/ml"
 
 
@@ -17,6 +20,24 @@ def is_populated(directory):
     except OSError:
         return False
 
+
+def resolves_inside(directory, path):
+    """Whether `path` (relative to `directory`, or absolute) is `directory`
+    or lies in it once symlinks are followed (it need not exist yet)."""
+    real_dir = os.path.realpath(directory)
+    real = os.path.realpath(os.path.join(directory, path))
+    return os.path.commonpath([real_dir, real]) == real_dir
+
+
+def entry_point_path(code_dir, entry_point, config_file=None, field=USER_PROGRAM):
+    """The entry point's path, which must stay inside the code dir: `train`
+    makes it executable and runs it. `config_file` and `field` say where the
+    job named it."""
+    if not resolves_inside(code_dir, entry_point):
+        raise ConfigError("entry point %r resolves outside the code dir %s; name a file "
+                          "inside it, such as 'train.py' or 'bin/train.sh'"
+                          % (entry_point, code_dir), path=config_file, field=field)
+    return os.path.join(code_dir, entry_point)
 
 class JobPaths:
     """Paths of one job tree. Cheap to build; touches no file."""

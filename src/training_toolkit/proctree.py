@@ -285,7 +285,10 @@ def signal_tree(root_pid, sig, pgid=None, exclude=()):
             pass
     for pid in [root_pid] + descendants(os.getpid(), exclude):
         try:
-            os.kill(pid, sig)
+            # Each process gets `sig` once: a second one could land in the
+            # handler of the first (or after Python reset it while exiting).
+            if pgid is None or os.getpgid(pid) != pgid:
+                os.kill(pid, sig)
             hit.append(pid)
         except OSError:
             pass

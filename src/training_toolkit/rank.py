@@ -14,7 +14,10 @@ Launchers (mpirun, torchrun) start every rank through this wrapper. It
   prefixed `[<host>,<rank>]<stdout>:` or `[<host>,<rank>]<stderr>:` (under
   mpirun, --tag-output tags and the master names the host instead);
 * reports the rank's start and its exit code with the end of its stderr to
-  the master's `train`, which decides the job's verdict on every host.
+  the master's `train`, which decides the job's verdict on every host. The
+  reports are authenticated with the job's control key, which the wrapper
+  derives from its own host's config dir as its `train` does (see
+  training_toolkit.control): no key is passed to it.
 """
 import json
 import os
@@ -66,12 +69,18 @@ def main(argv=None):
     address, _, port = env.get(CONTROL_ENV, "").rpartition(":")
 
     from . import proctree
-    from .control import send_once
+    from .control import job_key, send_once
+    from .paths import JobPaths
     from .supervise import Supervisor
 
+    key = None
+    if address and port:
+        config_dir = env.get("SM_INPUT_CONFIG_DIR") or JobPaths.from_environ(env).input_config_dir
+        key = job_key(config_dir, env)
+
     def report(message):
-        if address and port:
-            send_once(address, int(port), message)
+        if key is not None:
+            send_once(address, int(port), key, message)
 
     grace = float(env.get("SM_TERMINATION_GRACE_SECONDS") or 110)
     supervisor = Supervisor(grace)

@@ -11,7 +11,8 @@
   --mount --propagation private --fork sh -c ...``) owning a UTS, IPC and mount
   namespace, in which the hostname is ``algo-K``, ``/tmp``, ``/dev/shm`` and
   ``/root/.ssh`` are private tmpfs and ``/opt/ml`` is a bind mount of the
-  host's job root. ``/root/.ssh`` holds one job-wide ed25519 key pair and an
+  host's job root; root's shell start-up files (``~/.bashrc``, ``~/.profile``)
+  read as empty. ``/root/.ssh`` holds one job-wide ed25519 key pair and an
   ``authorized_keys`` with its public key, so hosts can SSH to each other
   without touching the real ``/root/.ssh``.
 
@@ -308,6 +309,12 @@ if [ -n "$keys" ]; then
     cp "$keys/id_ed25519.pub" /root/.ssh/authorized_keys
     chmod 600 /root/.ssh/id_ed25519 /root/.ssh/id_ed25519.pub /root/.ssh/authorized_keys
 fi
+# This machine's shell start-up files for root (a pyenv init, say) would run
+# in every SSH session, once per host and job: a host has none, like a fresh
+# container.
+for rc in /root/.bashrc /root/.profile /root/.bash_profile /root/.bash_login; do
+    if [ -f "$rc" ]; then mount --bind /dev/null "$rc"; fi
+done
 mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm
 stage=/dev/shm/.simcluster-roottmp
 if [ $# -gt 0 ]; then
@@ -758,6 +765,21 @@ class SimCluster:
         """subprocess.run of ``argv`` inside ``host``; returns CompletedProcess."""
         run_kwargs.pop("shell", None)
         return subprocess.run(self.command(host, argv, cwd=cwd), env=env, **run_kwargs)
+
+    def disconnect(self, host):
+        """Cut ``host`` off the cluster network, as if its cable were pulled:
+        its bridge port goes down, packets to and from it are dropped, and its
+        connections stay open (reconnect() brings the port back)."""
+        self._set_port(host, "down")
+
+    def reconnect(self, host):
+        self._set_port(host, "up")
+
+    def _set_port(self, host, state):
+        self._check_host(host)
+        self._require_started()
+        _ip(["link", "set", "v%d" % (self.hosts.index(host) + 1), state],
+            netns=self.bridge_netns)
 
     def listening(self, host, port):
         """True if something in ``host`` listens on TCP ``port``."""

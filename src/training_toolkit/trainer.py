@@ -10,18 +10,28 @@ import time
 
 from . import entry_point, log, params
 from .environment import Environment
-from .errors import ClientError, InternalError, ToolkitError, UsageError
+from .errors import (ClientError, ConfigError, InternalError, OutputWriteError, ToolkitError,
+                     UsageError)
 from .paths import JobPaths
 from .report import Reporter
 from .supervise import Supervisor, Terminated
 
 
 def grace_seconds(environ=os.environ):
+    """SM_TERMINATION_GRACE_SECONDS, checked: the kill timer cannot wait on
+    inf or 1e12 (its thread would die, and `train` never kill), and nan or a
+    negative value would kill at once."""
     raw = environ.get(params.GRACE_ENV)
-    try:
-        return float(raw) if raw else params.DEFAULT_GRACE_SECONDS
-    except ValueError:
+    if not raw:
         return params.DEFAULT_GRACE_SECONDS
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = None
+    if seconds is None or not 0 <= seconds <= params.MAX_GRACE_SECONDS:  # nan too
+        raise ConfigError("must be a number of seconds from 0 to %d, got %r"
+                          % (params.MAX_GRACE_SECONDS, raw), field=params.GRACE_ENV)
+    return seconds
 
 
 # The job's intermediate-output sync (only when sagemaker_s3_output is set),
@@ -29,6 +39,11 @@ def grace_seconds(environ=os.environ):
 _job = {"sync": None, "supervisor": None, "stop_signal_at": None}
 # What `train` keeps after the drain deadline to write its status files.
 STATUS_MARGIN_S = 1.0
+
+
+# The console entry (training_toolkit.__main__) blocks these until the
+# handlers are in place: one that comes while `train` starts waits for them.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def _install_signal_handlers(supervisor):
@@ -41,8 +56,8 @@ def _install_signal_handlers(supervisor):
             supervisor.terminating = True
             raise Terminated(signum)
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, on_signal)
 
 
 def call_framework_hook(spec):
@@ -78,20 +93,25 @@ def train(argv=()):
     arguments of `train` (see explicit_command)."""
     paths = JobPaths.from_environ()
     reporter = Reporter(paths)
-    supervisor = Supervisor(grace_seconds())
+    supervisor = Supervisor(params.DEFAULT_GRACE_SECONDS)  # the job's own, once checked
     _job.update(sync=None, supervisor=supervisor, stop_signal_at=None)
     entry_point.attach(supervisor, reporter)
     _install_signal_handlers(supervisor)
     hook = None
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # a pending one is handled here
         reporter.begin("contract")
         command = explicit_command(list(argv))
+        supervisor.grace_seconds = grace_seconds()
         env = Environment.read(paths)
         log.set_level(env.log_level)
         reporter.set(host=env.current_host)
         reporter.end()
         for d in (paths.model_dir, paths.output_data_dir, paths.output_intermediate_dir):
-            os.makedirs(d, exist_ok=True)
+            try:
+                os.makedirs(d, exist_ok=True)
+            except OSError as e:  # the job may not need it; the verdict says what was lost
+                log.error("cannot create %s: %s" % (d, e.strerror or e))
         if env.s3_output:
             _start_intermediate_sync(env, reporter)
         hook = None if command else env.framework_module
@@ -102,9 +122,7 @@ def train(argv=()):
             reporter.end()
         else:
             entry_point.execute(env, supervisor, reporter, command=command)
-        _drain_intermediate_sync(reporter)
-        reporter.succeeded()
-        return 0
+        return _succeed(reporter)
     except ToolkitError as error:
         return _fail(reporter, error)
     except Terminated as stop:
@@ -113,9 +131,7 @@ def train(argv=()):
     except SystemExit as stop:  # a framework hook calling sys.exit()
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         if code == 0:
-            _drain_intermediate_sync(reporter)
-            reporter.succeeded()
-            return 0
+            return _succeed(reporter)
         return _fail(reporter, ClientError("the framework hook exited with code %d" % code,
                                            exit_code=code))
     except Exception:
@@ -179,6 +195,15 @@ def _drain_intermediate_sync(reporter):
         except Terminated:
             continue  # a stop signal while draining: the deadline shrinks
     reporter.set(intermediate=sync.snapshot())
+
+
+def _succeed(reporter):
+    _drain_intermediate_sync(reporter)
+    try:
+        reporter.succeeded()
+    except OutputWriteError as error:  # never exit 0 without `success`
+        return _fail(reporter, error)
+    return 0
 
 
 def _fail(reporter, error):

@@ -24,6 +24,8 @@ import re
 import shlex
 
 from .errors import ConfigError
+from .params import unusable_text
+from .paths import resolves_inside
 
 DRIVERS_SUBDIR = "distributed_drivers"
 BASIC_DRIVER = "basic_script_driver.py"
@@ -163,6 +165,13 @@ def read(paths, distributed_doc, source_code):
     if not isinstance(source_code, dict):
         raise ConfigError("must be a JSON object (the SourceCode's fields)",
                           path=paths.source_code_file)
+    for field, kind in (("entry_script", str), ("command", str), ("requirements", str),
+                        ("source_dir", str), ("args", list)):
+        value = source_code.get(field)
+        if value is not None and not isinstance(value, kind):
+            raise ConfigError("must be a %s or null, got %s" % (
+                "string" if kind is str else "list", json.dumps(value)[:80]),
+                path=paths.source_code_file, field=field)
     entry = source_code.get("entry_script") or None
     requirements = source_code.get("requirements") or None
     source_dir = source_code.get("source_dir") or ""
@@ -181,6 +190,10 @@ def read(paths, distributed_doc, source_code):
     if command is None and source_code.get("command"):
         command = command_line(source_code)
     if command is not None:
+        why = unusable_text(command)
+        if why:
+            raise ConfigError("the command %s" % why, path=paths.source_code_file,
+                              field="command")
         return job("command", command=command)
 
     if train_script is not None:
@@ -205,6 +218,10 @@ def read(paths, distributed_doc, source_code):
                     "runs %s, which does not exist (a custom DistributedConfig's driver_dir "
                     "is copied to %s)%s" % (drivers_path(paths, script), drivers_path(paths), why),
                     path=train_script_file)
+            if not resolves_inside(drivers_path(paths), script):
+                raise ConfigError("runs %s, which resolves outside %s (a link leading out)"
+                                  % (drivers_path(paths, script), drivers_path(paths)),
+                                  path=train_script_file)
             return job("driver", driver_script=script)
     else:
         runner = _builtin_by_fields(config, config_file)

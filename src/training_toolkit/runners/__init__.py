@@ -44,13 +44,9 @@ def select(env):
     if not distributing:
         return RunnerType.Process
     fp = env.additional_framework_parameters
-    for switches, runner in (
-            ((params.SMDDP_ENABLED, params.PYTORCH_DDP_ENABLED), RunnerType.SMDataParallel),
-            ((params.MPI_ENABLED,), RunnerType.MPI),
-            ((params.TORCH_DISTRIBUTED_ENABLED,), RunnerType.TorchDistributed),
-            ((params.XLA_MULTI_WORKER_ENABLED,), RunnerType.PyTorchXLA)):
+    for runner, switches, _program in params.LAUNCHERS:
         if any(params.is_true(fp.get(s)) for s in switches):
-            return runner
+            return RunnerType(runner)
     return RunnerType.Process
 
 

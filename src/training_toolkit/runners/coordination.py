@@ -3,12 +3,15 @@ ended and tells every worker's `train`, so that all hosts end together with
 the same exit code and a failure report naming the failing rank and host.
 
 Both the MPI and the torchrun runner build on this; each supplies
-`stop_local(sig, grace)`, which stops the job's processes on its own host.
+`stop_local(sig, grace)`, which stops the job's processes on its own host,
+and the job's control key (`control.job_key`), which authenticates every
+message between the hosts.
 """
 import signal
 import threading
+import time
 
-from .. import control
+from .. import control, report
 from ..errors import ClusterError
 from ..supervise import Outcome
 
@@ -18,8 +21,19 @@ ABORT_GRACE_S = 3.0
 LOST_MASTER_GRACE_S = 5.0
 
 
+def learned_verdict(how):
+    """When this host learned how the job ends (status.json, for `training-toolkit timeline`)."""
+    now = time.time()
+    report.record(verdict_learned={"at": now, "from": how})
+    return now
+
+
 def outcome_from(message, terminated):
-    """The Outcome a verdict message describes."""
+    """The Outcome a verdict message describes; raises ClusterError when the
+    job ended because a worker's `train` was lost."""
+    if message.get("lost"):
+        raise ClusterError("lost the worker host %s: its train ended before the job did "
+                           "(the host died or was stopped)" % message["host"])
     outcome = Outcome(int(message["exit_code"]), (message.get("stderr_tail") or "").encode(),
                       terminated or bool(message.get("stopped")))
     if message.get("host"):
@@ -31,11 +45,12 @@ def outcome_from(message, terminated):
 class JobMaster:
     """The master host's side."""
 
-    def __init__(self, port, workers, stop_local):
+    def __init__(self, port, workers, stop_local, key):
         self.workers = list(workers)
         self.stop_local = stop_local
+        self.learned_at = None  # when this host first knew how the job ends
         # Alone, take any free port: two local jobs on one machine must not clash.
-        self.control = control.MasterControl(port if self.workers else 0, self.workers)
+        self.control = control.MasterControl(port if self.workers else 0, self.workers, key)
 
     def report_address(self):
         """Where this host's ranks report: `address:port`."""
@@ -54,6 +69,7 @@ class JobMaster:
         stop_here = stop_here or self.stop_local
 
         def on_failure(rank, host, code):
+            self.learned_at = self.learned_at or learned_verdict("first failure")
             self.control.broadcast({"type": "abort", "rank": rank, "host": host,
                                     "exit_code": code, "grace": grace})
             stop_here(signal.SIGTERM, grace)
@@ -66,12 +82,16 @@ class JobMaster:
         self.control.broadcast({"type": "terminate", "signal": int(sig), "grace": grace})
         self.stop_local(sig, grace)
 
-    def verdict(self, local, expected_ranks=0, tail_of=None):
+    def verdict(self, local, expected_ranks=0, tail_of=None, ranks_decide=True):
         """Decide from the local launcher's Outcome and the ranks' reports,
-        tell every worker, return the Outcome for this host."""
-        if local.exit_code == 0 and expected_ranks:
+        tell every worker, return the Outcome for this host. Without
+        `ranks_decide` (a launcher that restarts failed ranks), a rank's
+        failure counts only when a launcher failed too."""
+        if local.exit_code == 0 and expected_ranks and ranks_decide:
             self.control.wait_for_exits(expected_ranks, float("inf"))
-        failure = self.control.first_failure(wait_s=1.0 if local.exit_code else 0.0)
+        failure = None
+        if ranks_decide or local.exit_code or self.control.host_failures or self.control.lost:
+            failure = self.control.first_failure(wait_s=1.0 if local.exit_code else 0.0)
         # "stopped": the job was stopped by SIGTERM, a failure even if every
         # rank exited 0 after saving its state.
         message = {"type": "verdict", "exit_code": local.exit_code,
@@ -83,15 +103,22 @@ class JobMaster:
                 tail = tail_of(local.stderr_tail, rank)
             message.update(exit_code=code, rank=rank, host=host,
                            stderr_tail=tail or local.stderr_tail.decode("utf-8", "replace"))
+            if rank is None and any(e[2] == host for e in self.control.lost):
+                message["lost"] = True
         elif local.exit_code != 0:
             message["stderr_tail"] = local.stderr_tail.decode("utf-8", "replace")
         self.control.decided = True
         self.control.broadcast(message)
+        self.learned_at = self.learned_at or learned_verdict("verdict")
         if not failure:
             return local
         return outcome_from(message, local.terminated_by_us)
 
     def close(self):
+        # The ranks' exits the master received, late ones too (for `timeline`).
+        wall = time.time() - time.monotonic()
+        report.record(rank_exits=[{"rank": e[1], "host": e[2], "exit_code": e[3], "at": wall + e[0]}
+                                  for e in self.control.exits])
         self.control.close()
 
 
@@ -99,14 +126,24 @@ class JobWorker:
     """A worker host's side: follows the master's instructions and waits for
     its verdict. Losing the master ends the local ranks."""
 
-    def __init__(self, master, port, host, deadline, stop_local, grace):
+    def __init__(self, master, port, host, deadline, stop_local, grace, key):
         self.master = master
         self.stop_local = stop_local
         self.grace = grace
         self.verdict = None
         self.lost = False
+        self.told_to_stop = False  # the master stopped the job (SIGTERM on it)
         self._done = threading.Event()
-        self.link = control.WorkerLink.connect(master, port, host, deadline)
+        try:
+            self.link = control.WorkerLink.connect(master, port, host, key, deadline)
+        except control.Refused as e:
+            raise ClusterError(
+                "the master %s refused this host (%s) on its control port %d (%s): the hosts "
+                "do not derive the same job key, so %s (hosts and instance_groups), %s and the "
+                "variable %s must be the same on every host"
+                % (master, host, port, e, "input/config/resourceconfig.json",
+                   " and ".join("input/config/" + f for f in control.KEYED_CONFIG_FILES),
+                   control.JOB_SECRET_ENV)) from None
         if self.link is None:
             raise ClusterError("could not reach the master %s on port %d before the deadline: "
                                "%s" % (master, port, control.WorkerLink.last_error))
@@ -121,7 +158,10 @@ class JobWorker:
                     self.stop_local(signal.SIGTERM, LOST_MASTER_GRACE_S)
                 break
             kind = msg.get("type")
+            if kind in ("abort", "verdict") and self.verdict is None:
+                learned_verdict(kind)
             if kind == "terminate":
+                self.told_to_stop = True
                 self.stop_local(msg.get("signal", signal.SIGTERM),
                                 msg.get("grace", self.grace))
             elif kind == "abort":

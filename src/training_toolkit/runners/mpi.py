@@ -9,6 +9,7 @@ Rank output is tagged `[<host>,<rank>]<stdout>:` / `[<host>,<rank>]<stderr>:`
 (mpirun's --tag-output, with the job id replaced by the rank's host).
 """
 import json
+import math
 import os
 import re
 import shlex
@@ -18,7 +19,7 @@ import sys
 import threading
 import time
 
-from .. import control, log, params, proctree, resources, ssh
+from .. import control, log, params, proctree, report, resources, ssh
 from .. import rank as rank_wrapper
 from ..errors import ClusterError, ConfigError, MissingProgramError
 from ..supervise import KillTimer
@@ -27,13 +28,22 @@ from .plan import Command, LaunchPlan, PYTHON_PROGRAM, base_env, user_program
 
 NAME = "mpi"
 MPI_OPTIONS = (
-    "-mca", "plm_rsh_no_tree_spawn", "1",
     "-mca", "pml", "ob1",
     "-mca", "btl", "^openib",
     "-mca", "orte_abort_on_non_zero_status", "1",
     "-mca", "btl_vader_single_copy_mechanism", "none",
 )
-_TAG = re.compile(rb"^\[\d+,(\d+)\]<(stdout|stderr)>:", re.M)
+# From this many hosts on, mpirun starts its daemons as a tree (each daemon
+# starts those of its children over SSH, `routed_radix` children each) rather
+# than all from the master. Below it, the master's ssh sessions cost little:
+# they run through the connections that the readiness check opened.
+TREE_SPAWN_ENV = "TRAINING_TOOLKIT_MPI_TREE_SPAWN_HOSTS"
+DEFAULT_TREE_SPAWN_HOSTS = 64
+# mpirun's --tag-output tags each piece it reads from a rank, not each line:
+# when a rank writes faster than mpirun's output drains, a line arrives in two
+# pieces and the second is tagged again, mid-line. Pieces are joined again per
+# rank and stream, and only whole lines go out.
+_TAG = re.compile(rb"\[\d+,(\d+)\]<(stdout|stderr)>:")
 # A rank that calls MPI_Abort (as `python -m mpi4py` does on an uncaught
 # error) stays blocked until OpenMPI kills it, seconds later; mpirun says so at
 # once, and that notice starts the fail-fast.
@@ -65,6 +75,11 @@ class MpiSettings:
                               path=env.paths.hyperparameters_file,
                               field=params.MPI_PROCESSES_PER_HOST)
         custom = fp.get(custom_key) or ""
+        if not (isinstance(custom, str) or isinstance(custom, list)
+                and all(isinstance(o, str) for o in custom)):
+            raise ConfigError("must be a string of options (or a list of them), got %s"
+                              % json.dumps(custom), path=env.paths.hyperparameters_file,
+                              field=custom_key)
         try:
             self.custom = shlex.split(custom) if isinstance(custom, str) else list(custom)
         except ValueError as e:
@@ -74,6 +89,22 @@ class MpiSettings:
         self.master = env.master_hostname
         self.interface = env.network_interface_name
         self.control_port = control.control_port(os.environ)
+        try:
+            self.tree_spawn_hosts = int(os.environ.get(TREE_SPAWN_ENV) or DEFAULT_TREE_SPAWN_HOSTS)
+        except ValueError:
+            raise ConfigError("must be an integer", field=TREE_SPAWN_ENV) from None
+
+    @property
+    def tree_spawn(self):
+        return len(self.hosts) >= self.tree_spawn_hosts
+
+    def tree_spawn_options(self):
+        """mpirun's options for how it starts its daemons on the hosts."""
+        if not self.tree_spawn:
+            return ["-mca", "plm_rsh_no_tree_spawn", "1"]
+        radix = max(2, math.ceil(math.sqrt(len(self.hosts))))
+        return ["-mca", "plm_rsh_no_tree_spawn", "0", "-mca", "routed", "radix",
+                "-mca", "routed_radix", str(radix)]
 
     def rank_host(self, rank):
         """Where mpirun's default by-slot mapping puts `rank`."""
@@ -87,6 +118,14 @@ def env_file(env):
 
 def known_hosts_file(env):
     return os.path.join(env.paths.toolkit_dir, "known_hosts")
+
+
+def ssh_control_dir(env):
+    """Where the master's SSH connections listen: short, as a Unix socket's
+    path must be (under 108 bytes), and one per job tree."""
+    import hashlib
+
+    return "/tmp/tt-ssh-" + hashlib.sha1(env.paths.toolkit_dir.encode()).hexdigest()[:12]
 
 
 def ranks_dir(env):
@@ -114,10 +153,12 @@ def mpirun_argv(env, settings, program):
                                               for h in settings.hosts)]
         network = ["-mca", "btl_tcp_if_include", iface, "-mca", "oob_tcp_if_include", iface]
     argv += ["-np", str(settings.total), "--allow-run-as-root", "--tag-output"] + network
-    argv += list(MPI_OPTIONS)
-    argv += ["-mca", "plm_rsh_args",
-             "-o UserKnownHostsFile=%s -o StrictHostKeyChecking=yes -o BatchMode=yes"
-             % known_hosts_file(env)]
+    argv += settings.tree_spawn_options() + list(MPI_OPTIONS)
+    # mpirun's ssh trusts only the keys the readiness check recorded for the
+    # job's hosts. In a tree spawn, workers log in to workers whose keys they
+    # never saw, so there each key is accepted on first contact.
+    argv += ["-mca", "plm_rsh_args", " ".join(ssh.client_options(
+        known_hosts_file(env), ssh_control_dir(env), first_contact=settings.tree_spawn))]
     argv += ["-x", "NCCL_SOCKET_IFNAME=%s" % iface]
     argv += settings.custom
     argv += [sys.executable, "-m", "training_toolkit.rank", "--env-file", env_file(env), "--"]
@@ -157,6 +198,8 @@ class MpiJob:
         self.settings = settings
         self.deadline = time.monotonic() + ssh.deadline_seconds(os.environ)
         self.sshd_pid = None
+        self._cut_lines = {}  # (rank, stream) -> the start of a line mpirun cut
+        self.ssh_masters = None
         self.coordinator = None
         self._killer = KillTimer(lambda: self._signal_local_ranks(signal.SIGKILL))
         self.user_env = user_env
@@ -178,6 +221,9 @@ class MpiJob:
             json.dump(spec, f)
         os.replace(path + ".tmp", path)
 
+    def _control_key(self):
+        return control.job_key(self.env.paths.input_config_dir)
+
     # -- master --------------------------------------------------------------
     def run_master(self, command):
         if not resources.which("mpirun"):
@@ -185,14 +231,15 @@ class MpiJob:
                                       "openmpi-bin package)")
         workers = [h for h in self.settings.hosts if h != self.settings.master]
         self.coordinator = master = JobMaster(self.settings.control_port, workers,
-                                              self._stop_local_ranks)
+                                              self._stop_local_ranks, self._control_key())
         self._write_rank_env(master.report_address())
         # The first failing rank stops the ranks on every host at once, and
         # mpirun with them, rather than waiting for OpenMPI's own abort (which
         # takes seconds to wind down a job).
         master.fail_fast(grace=0.5, stop_here=self._abort_here)
         if workers:
-            self._wait_for_workers(workers)
+            with report.span("ssh_readiness"):
+                self._wait_for_workers(workers)
         else:
             with open(known_hosts_file(self.env), "w"):
                 pass
@@ -203,23 +250,30 @@ class MpiJob:
         # (LD_PRELOAD among them) reach the ranks through the env file only.
         outcome = self.supervisor.run(command.argv, cwd=command.cwd, relay_stdout=True,
                                       transform=self._tag)
+        for (rank, stream), start in sorted(self._cut_lines.items()):  # never ended
+            os.write(1 if stream == b"stdout" else 2, self._host_tag(rank, stream) + start + b"\n")
         return master.verdict(outcome, tail_of=rank_lines)
 
     def _wait_for_workers(self, workers):
+        """Every worker's `train` said hello and its sshd took our login,
+        both awaited at once. The SSH masters start in this (the main)
+        thread, which outlives them."""
         errors = []
 
-        def check_ssh():
+        def await_hellos():
             try:
-                ssh.wait_for_ssh(workers, self.deadline, known_hosts_file(self.env))
+                self.coordinator.wait_for_workers(self.deadline)
             except ClusterError as e:
                 errors.append(e)
 
-        checker = threading.Thread(target=check_ssh, daemon=True)
-        checker.start()
+        waiter = threading.Thread(target=await_hellos, daemon=True)
+        waiter.start()
+        self.ssh_masters = ssh.MasterConnections(self.supervisor, known_hosts_file(self.env),
+                                                 ssh_control_dir(self.env))
         try:
-            self.coordinator.wait_for_workers(self.deadline)
+            self.ssh_masters.open(workers, self.deadline)
         finally:
-            checker.join()
+            waiter.join()
         if errors:
             raise errors[0]
 
@@ -235,23 +289,34 @@ class MpiJob:
             self.coordinator.control.rank_failed(
                 rank, hosts.get(rank) or self.settings.rank_host(rank), int(aborted.group(2)))
 
-        def name(match):
-            rank = int(match.group(1))
-            host = hosts.get(rank) or self.settings.rank_host(rank)
-            return b"[%s,%d]<%s>:" % (host.encode(), rank, match.group(2))
+        pieces = _TAG.split(block)  # untagged, then (rank, stream, text) per piece
+        out = [pieces[0]]
+        for i in range(1, len(pieces), 3):
+            key = (int(pieces[i]), pieces[i + 1])
+            text = self._cut_lines.pop(key, b"") + pieces[i + 2]
+            end = text.rfind(b"\n") + 1
+            if end < len(text):
+                self._cut_lines[key] = text[end:]
+            tag = self._host_tag(*key)
+            out.extend(tag + line for line in text[:end].splitlines(keepends=True))
+        return b"".join(out)
 
-        return _TAG.sub(name, block)
+    def _host_tag(self, rank, stream):
+        host = self.coordinator.control.rank_hosts.get(rank) or self.settings.rank_host(rank)
+        return b"[%s,%d]<%s>:" % (host.encode(), rank, stream)
 
     # -- worker --------------------------------------------------------------
     def run_worker(self):
         self._write_rank_env("%s:%d" % (self.settings.master, self.settings.control_port))
-        self.sshd_pid = ssh.start_sshd(self.supervisor,
-                                       os.path.join(self.env.paths.toolkit_dir, "sshd.log"))
-        log.info("worker %s: waiting for the master %s"
-                 % (self.env.current_host, self.settings.master))
-        self.coordinator = worker = JobWorker(
-            self.settings.master, self.settings.control_port, self.env.current_host,
-            self.deadline, self._stop_local_ranks, self.supervisor.grace_seconds)
+        with report.span("ssh_readiness"):  # sshd up, and the master reached
+            self.sshd_pid = ssh.start_sshd(self.supervisor,
+                                           os.path.join(self.env.paths.toolkit_dir, "sshd.log"))
+            log.info("worker %s: waiting for the master %s"
+                     % (self.env.current_host, self.settings.master))
+            self.coordinator = worker = JobWorker(
+                self.settings.master, self.settings.control_port, self.env.current_host,
+                self.deadline, self._stop_local_ranks, self.supervisor.grace_seconds,
+                self._control_key())
         self.supervisor.on_terminate = lambda sig: self._stop_local_ranks(
             sig, self.supervisor.grace_seconds)
         try:
@@ -290,12 +355,20 @@ class MpiJob:
         return [pid for pid in self._local_rank_pids() if proctree.alive(pid)]
 
     def cleanup(self):
-        """No rank, orted session or sshd of this job outlives `train`."""
+        """No rank, orted session or sshd of this job outlives `train`, and
+        the ranks' environment file (it may hold credentials) is removed."""
+        for path in (env_file(self.env), env_file(self.env) + ".tmp"):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
         if self._alive_local_ranks():
             self._signal_local_ranks(signal.SIGKILL)
         self._killer.cancel()
         if isinstance(self.coordinator, JobMaster):
             self.coordinator.close()
+        if self.ssh_masters is not None:
+            self.ssh_masters.close()
         if self.sshd_pid is not None:
             proctree.kill_tree(self.sshd_pid, signal.SIGTERM)
             self.supervisor.services.discard(self.sshd_pid)

@@ -9,6 +9,7 @@ import shlex
 import sys
 
 from .. import params
+from ..redact import mask_argv
 
 PYTHON_PROGRAM = "python-program"
 PYTHON_PACKAGE = "python-package"
@@ -32,7 +33,9 @@ class Command:
         return merged
 
     def shell_line(self):
-        return " ".join(shlex.quote(a) for a in self.argv)
+        """The command as logs and status.json show it: quoted for a shell,
+        secret-looking hyperparameter values masked (see redact)."""
+        return " ".join(shlex.quote(a) for a in mask_argv(self.argv))
 
     def to_dict(self):
         return {"argv": list(self.argv), "cwd": self.cwd, "env": dict(sorted(self.env.items()))}

@@ -115,7 +115,8 @@ def run(launch, supervisor, env):
     if launch.role in ("master", "single"):
         if launch.role == "master":
             check_port_free(settings.port, env)
-        coordinator = JobMaster(settings.control_port, workers, local)
+        coordinator = JobMaster(settings.control_port, workers, local,
+                                control.job_key(env.paths.input_config_dir))
         launch.command.env[rank_wrapper.CONTROL_ENV] = coordinator.report_address()
         try:
             if settings.max_restarts == 0:
@@ -125,20 +126,23 @@ def run(launch, supervisor, env):
                     rank is None and coordinator.stop_everywhere(signal.SIGTERM, 3.0))
             supervisor.on_terminate = lambda sig: coordinator.stop_everywhere(
                 sig, supervisor.grace_seconds)
-            outcome = run_command(supervisor, launch.command)
-            return coordinator.verdict(outcome, expected_ranks=settings.world_size)
+            outcome = stopped_is_sigterm(run_command(supervisor, launch.command))
+            # With restarts, a rank's failure is not final: torchrun's is.
+            return coordinator.verdict(outcome, expected_ranks=settings.world_size,
+                                       ranks_decide=settings.max_restarts == 0)
         finally:
             supervisor.on_terminate = None
             coordinator.close()
     log.info("worker %s: waiting for the master %s" % (env.current_host, settings.master))
     worker = JobWorker(settings.master, settings.control_port, env.current_host, deadline,
-                       local, supervisor.grace_seconds)
+                       local, supervisor.grace_seconds,
+                       control.job_key(env.paths.input_config_dir))
     supervisor.on_terminate = lambda sig: local(sig, supervisor.grace_seconds)
     try:
         outcome = run_command(supervisor, launch.command)
-        if outcome.exit_code != 0:
+        if outcome.exit_code != 0 and not worker.told_to_stop:
             worker.report_failure(env.current_host, outcome.exit_code)
-        return worker.outcome(supervisor.terminating)
+        return worker.outcome(supervisor.terminating or worker.told_to_stop)
     finally:
         supervisor.on_terminate = None
 
@@ -153,6 +157,14 @@ def check_port_free(port, env):
             raise ConfigError("master port %d is not free on %s (%s); set SM_MASTER_PORT to "
                               "another port" % (port, env.current_host, e.strerror),
                               field="SM_MASTER_PORT") from None
+
+
+def stopped_is_sigterm(outcome):
+    """torchrun exits 1 after it forwarded our SIGTERM to its ranks; the job
+    was stopped by SIGTERM, which is 143 in every runner."""
+    if outcome.terminated_by_us and outcome.exit_code == 1:
+        outcome.exit_code = 128 + signal.SIGTERM
+    return outcome
 
 
 def run_command(supervisor, command):

@@ -1,0 +1,451 @@
+"""The control channel between the hosts of a job is authenticated, bounded
+and robust: units of its protocol on real sockets, and an injector on the
+job's network (a simulated host that is not part of the job) during real
+2-host MPI and torchrun jobs. Also: the MPI ranks' environment file, which may
+hold credentials, does not outlive the job."""
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from cluster_jobs import ClusterJob, require_cluster
+from training_toolkit import control
+from training_toolkit.jobtree import write_job_tree
+
+KEY = b"k" * 32
+
+
+def line(message):
+    return (json.dumps(message) + "\n").encode()
+
+
+class Peer:
+    """A raw connection to a control server, as any process on the network
+    could open one."""
+
+    def __init__(self, port, address="127.0.0.1"):
+        self.sock = socket.create_connection((address, port), timeout=10)
+        self.reader = self.sock.makefile("rb")
+        greeting = self.reader.readline().split()
+        assert greeting[0] == control.GREETING
+        self.nonce = greeting[1]
+        self.seq = 0
+
+    def sealed(self, message, key=KEY, nonce=None, seq=None):
+        data = control.seal(key, control.TO_MASTER, nonce or self.nonce,
+                            self.seq if seq is None else seq, message)
+        self.seq += 1
+        return data
+
+    def send(self, data):
+        self.sock.sendall(data)
+
+    def closed_by_server(self):
+        """True once the server hung up on us."""
+        try:
+            return self.sock.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
+    def close(self):
+        self.sock.close()
+
+
+@pytest.fixture
+def master():
+    server = control.MasterControl(0, ["algo-2"], KEY)
+    yield server
+    server.close()
+
+
+def until(predicate, timeout=10):
+    """Poll (20 ms) until predicate() holds; False at the timeout."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def report(master, message, key=KEY):
+    control.send_once("127.0.0.1", master.port, key, message)
+
+
+def started(master, rank):
+    return until(lambda: rank in master.rank_hosts)
+
+
+# -- the key ----------------------------------------------------------------
+
+def _config(base, current_host, hps=None, group_order=1, indent=2, secret_env=None):
+    groups = {"train": ["algo-1", "algo-2"][::group_order], "data": ["algo-3"]}
+    write_job_tree(base, "train.py", None, hyperparameters=hps or {"epochs": 3},
+                   hosts=["algo-1", "algo-2", "algo-3"], current_host=current_host,
+                   instance_groups=groups)
+    path = os.path.join(base, "input", "config", "hyperparameters.json")
+    with open(path) as f:
+        data = json.load(f)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=indent)
+    return control.job_key(os.path.join(base, "input", "config"), secret_env or {})
+
+
+def test_job_key_is_the_same_on_every_host_and_differs_between_jobs(tmp_path):
+    on_1 = _config(str(tmp_path / "1"), "algo-1")
+    # Another host: its own current_host/current_group_name, the group's hosts
+    # listed in another order, the JSON formatted otherwise.
+    on_3 = _config(str(tmp_path / "3"), "algo-3", group_order=-1, indent=None)
+    assert on_1 == on_3 and len(on_1) == 32
+    assert _config(str(tmp_path / "x"), "algo-1", hps={"epochs": 4}) != on_1
+    assert _config(str(tmp_path / "y"), "algo-1",
+                   secret_env={control.JOB_SECRET_ENV: "s3cr3t"}) != on_1
+
+
+# -- the master's side --------------------------------------------------------
+
+def test_one_host_job_listens_on_loopback_only():
+    alone = control.MasterControl(0, [], KEY)
+    try:
+        assert alone._server.getsockname()[0] == "127.0.0.1"
+    finally:
+        alone.close()
+
+
+def test_forged_mac_is_dropped_and_the_peer_closed(master):
+    peer = Peer(master.port)
+    peer.send(peer.sealed({"type": "rank_exit", "rank": 0, "host": "algo-1", "exit_code": 42},
+                          key=b"x" * 32))
+    assert peer.closed_by_server()
+    peer = Peer(master.port)
+    peer.send(line({"type": "rank_exit", "rank": 0, "host": "algo-1", "exit_code": 42}))
+    assert peer.closed_by_server()
+    assert master.exits == [] and master.drops.count == 2
+    report(master, {"type": "rank_start", "rank": 0, "host": "algo-1", "pid": 1})
+    assert started(master, 0)
+
+
+def test_replayed_or_misplaced_messages_are_dropped(master):
+    first = Peer(master.port)
+    genuine = first.sealed({"type": "rank_start", "rank": 0, "host": "algo-1", "pid": 1})
+    first.send(genuine)
+    assert started(master, 0)
+    first.send(genuine)  # the same line again on its own connection: wrong position
+    exit_42 = {"type": "rank_exit", "rank": 0, "host": "algo-1", "exit_code": 42}
+    first.send(first.sealed(exit_42, nonce=b"0" * 32))  # under another nonce
+    second = Peer(master.port)
+    second.send(genuine.replace(b'"rank":0', b'"rank":5'))  # replayed on a new connection
+    assert second.closed_by_server()
+    assert until(lambda: master.drops.count == 3)
+    # The first peer is authenticated: its thread goes on reading.
+    first.send(first.sealed({"type": "rank_start", "rank": 1, "host": "algo-1", "pid": 2},
+                            seq=1))
+    assert started(master, 1)
+    assert 5 not in master.rank_hosts and master.exits == []
+    first.close()
+
+
+def test_malformed_messages_keep_the_thread_alive(master):
+    peer = Peer(master.port)
+    peer.send(peer.sealed({"type": "rank_start", "rank": 0, "host": "algo-1", "pid": 1}))
+    assert started(master, 0)
+    body = b"{not json"
+    peer.send(control._mac(KEY, control.TO_MASTER, peer.nonce, peer.seq, body) + b" "
+              + body + b"\n")
+    peer.seq += 1
+    for bad in ({"type": "rank_exit", "rank": "x", "host": "algo-1", "exit_code": "abc"},
+                {"type": "host_failed", "host": ["algo-2"], "exit_code": 1},
+                {"type": "rank_exit", "rank": 2, "host": "algo-1", "exit_code": True}):
+        peer.send(peer.sealed(bad))
+    peer.send(peer.sealed({"type": "rank_start", "rank": 1, "host": "algo-1", "pid": 2}))
+    assert started(master, 1)
+    assert master.drops.count == 4 and master.exits == [] and master.host_failures == {}
+    peer.close()
+
+
+def test_oversize_line_closes_the_connection_without_growing_memory(master):
+    rss_before = psutil.Process().memory_info().rss
+    peer = Peer(master.port)
+    chunk = b"x" * (1 << 20)
+    sent = 0
+    with pytest.raises(OSError):
+        while sent < 600 * len(chunk):
+            peer.send(chunk)
+            sent += len(chunk)
+    assert sent < 100 * len(chunk), "the server kept reading an endless line"
+    assert psutil.Process().memory_info().rss - rss_before < 50 << 20
+    assert until(lambda: master.drops.count == 1)
+    report(master, {"type": "rank_start", "rank": 0, "host": "algo-1", "pid": 1})
+    assert started(master, 0)
+
+
+def test_unauthenticated_peer_cannot_register_as_a_worker(master):
+    fake = Peer(master.port)
+    fake.send(line({"type": "hello", "host": "algo-2", "nonce": "0" * 32}))
+    assert fake.closed_by_server()
+    assert master.wait_for_workers(time.monotonic()) == ["algo-2"]
+    link = control.WorkerLink.connect("127.0.0.1", master.port, "algo-2", KEY,
+                                      time.monotonic() + 10)
+    assert master.wait_for_workers(time.monotonic() + 10) == []
+    # A forged hello arriving after the real one does not take its place, and
+    # its connection closing is no loss of the worker.
+    fake = Peer(master.port)
+    fake.send(fake.sealed({"type": "hello", "host": "algo-2", "nonce": "1" * 32}, key=b"x" * 32))
+    assert fake.closed_by_server()
+    assert master.host_failures == {} and master.lost == []
+    master.broadcast({"type": "verdict", "exit_code": 0})
+    assert link.receive() == {"type": "verdict", "exit_code": 0}
+    link.close()
+
+
+def test_worker_with_another_key_is_refused_with_a_reason(master):
+    from training_toolkit.errors import ClusterError
+    from training_toolkit.runners.coordination import JobWorker
+
+    with pytest.raises(ClusterError, match=control.JOB_SECRET_ENV):
+        JobWorker("127.0.0.1", master.port, "algo-2", time.monotonic() + 10,
+                  lambda sig, grace: None, 1.0, b"x" * 32)
+    assert master.wait_for_workers(time.monotonic()) == ["algo-2"]
+
+
+def test_drop_log_is_rate_limited(capfd):
+    drops = control.DropLog(interval=3600)
+    for _ in range(1000):
+        drops.note("10.0.0.9:1234", "bad MAC")
+    lines = [l for l in capfd.readouterr().err.splitlines() if "dropped a message" in l]
+    assert len(lines) == 1 and "10.0.0.9:1234" in lines[0] and drops.count == 1000
+
+
+# -- the worker's side ----------------------------------------------------------
+
+def test_worker_ignores_forged_instructions(tmp_path):
+    """A stand-in master that sends, before its genuine verdict, a terminate
+    with a bad MAC, its welcome again (a replay) and an abort MACed under
+    another nonce: the worker drops the three and stops nothing."""
+    from training_toolkit.runners.coordination import JobWorker
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def stand_in_master():
+        conn, _ = server.accept()
+        reader = conn.makefile("rb")
+        nonce = b"%032x" % 7
+        conn.sendall(control.GREETING + b" " + nonce + b"\n")
+        hello = control.parse(control.authenticate(KEY, control.TO_MASTER, nonce, 0,
+                                                   reader.readline()))
+        worker_nonce = hello["nonce"].encode()
+        welcome = control.seal(KEY, control.TO_WORKER, worker_nonce, 0, {"type": "welcome"})
+        conn.sendall(welcome)
+        conn.sendall(control.seal(b"x" * 32, control.TO_WORKER, worker_nonce, 1,
+                                  {"type": "terminate", "signal": 9, "grace": 0}))
+        conn.sendall(welcome)
+        conn.sendall(control.seal(KEY, control.TO_WORKER, b"0" * 32, 1,
+                                  {"type": "abort", "rank": 0, "host": "algo-1",
+                                   "exit_code": 42, "grace": 0}))
+        conn.sendall(line({"type": "verdict", "exit_code": 42, "rank": 0, "host": "algo-1"}))
+        conn.sendall(control.seal(KEY, control.TO_WORKER, worker_nonce, 1,
+                                  {"type": "verdict", "exit_code": 0, "stopped": False}))
+        reader.read()  # until the worker hangs up
+        conn.close()
+
+    thread = threading.Thread(target=stand_in_master, daemon=True)
+    thread.start()
+    stops = []
+    worker = JobWorker("127.0.0.1", port, "algo-2", time.monotonic() + 10,
+                       lambda sig, grace: stops.append(sig), 1.0, KEY)
+    outcome = worker.outcome(False)
+    server.close()
+    thread.join(10)
+    assert outcome.exit_code == 0 and stops == []
+    assert worker.link.drops.count == 4
+
+
+# -- on simulated hosts: an injector on the job's network ------------------------
+
+USER_SCRIPT = """
+import os, sys, time
+rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")))
+shared = os.environ["SHARED"]
+open(os.path.join(shared, "running-%d" % rank), "w").close()
+while not os.path.exists(os.path.join(shared, "go")):
+    time.sleep(0.05)
+print("rank %d ends" % rank, file=sys.stderr)
+sys.exit(int(os.environ["USER_EXIT"]) if rank == 1 else 0)
+"""
+
+# The attacks of the issue, as a process on the job's network that is not
+# part of the job (and has no job config) would make them.
+INJECTOR = r"""
+import json, os, socket, sys, time
+shared = sys.argv[1]
+master, worker = ("algo-1", 7780), ("algo-2", 7780)
+result = {}
+
+def connect(address, timeout=60):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return socket.create_connection(address, timeout=5)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+def line(message):
+    return (json.dumps(message) + "\n").encode()
+
+def send(address, data):
+    try:
+        with connect(address, timeout=5) as s:
+            s.sendall(data)
+            s.settimeout(5)
+            s.recv(4096)
+        return "sent"
+    except OSError as e:
+        return repr(e)
+
+# A hello for the real worker before it connects, kept open.
+early = connect(master)
+early.sendall(line({"type": "hello", "host": "algo-2"}))
+open(os.path.join(shared, "hello-sent"), "w").close()
+while not all(os.path.exists(os.path.join(shared, "running-%d" % r)) for r in (0, 1)):
+    time.sleep(0.05)
+attacks = [
+    {"type": "rank_exit", "rank": 0, "host": "algo-1", "exit_code": 42,
+     "stderr_tail": "injected failure"},
+    {"type": "host_failed", "host": "algo-2", "exit_code": 42},
+]
+for message in attacks:  # as the unauthenticated protocol took them, and with a made-up MAC
+    result[message["type"]] = [send(master, line(message)),
+                               send(master, b"0" * 64 + b" " + line(message))]
+# A hello for the real worker after it joined, closed at once.
+result["late_hello"] = send(master, line({"type": "hello", "host": "algo-2"}))
+# One endless line.
+sent, chunk = 0, b"x" * (1 << 20)
+try:
+    with connect(master, timeout=5) as endless:
+        while sent < 600 * len(chunk):
+            endless.sendall(chunk)
+            sent += len(chunk)
+    result["endless"] = "all sent"
+except OSError as e:
+    result["endless"] = repr(e)
+result["endless_mb"] = sent >> 20
+# Instructions to the worker, if anything listens there.
+for kind in ("terminate", "abort", "verdict"):
+    result["to_worker_" + kind] = send(worker, line(
+        {"type": kind, "signal": 9, "grace": 0, "exit_code": 42, "rank": 0, "host": "algo-1"}))
+early.close()
+with open(os.path.join(shared, "injector.json"), "w") as f:
+    json.dump(result, f)
+"""
+
+
+def _two_host_job_beside_an_injector(tmp_path, hyperparameters):
+    """Three simulated hosts; the job runs on algo-1 and algo-2, algo-3 holds
+    no job config and is only on the same network."""
+    def write_tree(host, base, hosts):
+        os.makedirs(base)
+        if host != "algo-3":
+            write_job_tree(base, "train.py", os.path.join(str(tmp_path), "src"),
+                           hyperparameters=hyperparameters, hosts=["algo-1", "algo-2"],
+                           current_host=host)
+
+    return ClusterJob(tmp_path, 3, {"train.py": USER_SCRIPT}, write_tree=write_tree)
+
+
+def _vm_peak(pid):
+    """Peak resident memory of a running process, in bytes (None once it ended)."""
+    with open("/proc/%d/status" % pid) as f:
+        for text in f:
+            if text.startswith("VmHWM:"):
+                return int(text.split()[1]) << 10
+    return None
+
+
+@pytest.mark.parametrize("runner,user_exit", [("mpi", 0), ("torchrun", 3)])
+def test_an_injector_on_the_job_network_changes_nothing(tmp_path, runner, user_exit):
+    require_cluster()
+    if runner == "mpi":
+        pytest.importorskip("mpi4py")
+        hps = {"sagemaker_mpi_enabled": True, "sagemaker_mpi_num_of_processes_per_host": 1}
+    else:
+        pytest.importorskip("torch")
+        hps = {"sagemaker_torch_distributed_enabled": True,
+               "sagemaker_mpi_num_of_processes_per_host": 1}
+    shared = str(tmp_path)
+    with _two_host_job_beside_an_injector(tmp_path, hps) as job:
+        env = job.env(SHARED=shared, USER_EXIT=user_exit)
+        job.start(hosts=["algo-1"], SHARED=shared, USER_EXIT=user_exit)
+        injector = job.cluster.popen("algo-3", [sys.executable, "-c", INJECTOR, shared], env=env)
+        try:
+            assert until(lambda: os.path.exists(os.path.join(shared, "hello-sent"))
+                         or injector.poll() is not None, 120)
+            job.start(hosts=["algo-2"], SHARED=shared, USER_EXIT=user_exit)
+            assert injector.wait(timeout=180) == 0
+        finally:
+            if injector.poll() is None:
+                injector.kill()
+                injector.wait()
+        attacks = json.load(open(os.path.join(shared, "injector.json")))
+        master_peak = _vm_peak(job.runs["algo-1"].proc.pid)
+        open(os.path.join(shared, "go"), "w").close()
+        job.wait(timeout=180, hosts=["algo-1", "algo-2"])
+        errs = {h: job.runs[h].err.decode("utf-8", "replace")[-3000:] for h in job.runs}
+        assert job.codes() == {"algo-1": user_exit, "algo-2": user_exit}, (attacks, errs)
+        for host in ("algo-1", "algo-2"):
+            if user_exit:
+                failure = job.read(host, "output", "failure")
+                assert "rank 1 on algo-2" in failure.splitlines()[0], failure
+                assert "injected" not in failure
+            else:
+                assert job.exists(host, "output", "success")
+        assert attacks["endless_mb"] < 100, attacks
+        assert master_peak is not None and master_peak < 200 << 20, (master_peak, attacks)
+        assert b"control channel: dropped a message" in job.runs["algo-1"].err
+        assert job.job_processes() == []
+
+
+# -- the MPI ranks' environment file -------------------------------------------
+
+ENV_FILE = os.path.join("toolkit", "rank-env.json")
+
+
+@pytest.mark.parametrize("end", ["success", "failure", "sigterm"])
+def test_mpi_env_file_is_removed_when_the_job_ends(tmp_path, end):
+    require_cluster()
+    pytest.importorskip("mpi4py")
+    script = """
+import os, sys, time
+rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+with open(os.path.join(os.environ["SM_MODEL_DIR"], "running-%d" % rank), "w") as f:
+    f.write(str(os.path.exists("/opt/ml/toolkit/rank-env.json")))
+end = os.environ["END"]
+if end == "failure" and rank == 1:
+    sys.exit(3)
+if end == "sigterm":
+    time.sleep(300)
+"""
+    hps = {"sagemaker_mpi_enabled": True, "sagemaker_mpi_num_of_processes_per_host": 1}
+    with ClusterJob(tmp_path, 2, {"train.py": script}, hyperparameters=hps) as job:
+        job.start(END=end, AWS_SECRET_ACCESS_KEY="do-not-leave")
+        if end == "sigterm":
+            job.wait_for_file("algo-2", "model", "running-1", timeout=120)
+            job.signal("algo-1", signal.SIGTERM)
+        job.wait(timeout=120)
+        expected = {"success": 0, "failure": 3, "sigterm": 143}[end]
+        assert job.codes()["algo-1"] == expected, job.codes()
+        assert set(job.codes().values()) <= {expected, 79}, job.codes()
+        for host, rank in (("algo-1", 0), ("algo-2", 1)):
+            # It was there while the ranks ran ...
+            assert job.read(host, "model", "running-%d" % rank) == "True"
+            # ... and is gone with the job.
+            left = [n for n in os.listdir(job.path(host, "toolkit")) if n.startswith("rank-env")]
+            assert left == [], (host, left)
