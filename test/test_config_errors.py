@@ -204,6 +204,8 @@ CASES = {
                        "hyperparameters_file", ["sagemaker_container_log_level"]),
     "log-level-list": (_hp_file_edit(sagemaker_container_log_level="[10]"), {},
                        "hyperparameters_file", ["sagemaker_container_log_level"]),
+    "log-level-unknown-name": (_hp_file_edit(sagemaker_container_log_level='"\\u0000"'), {},
+                               "hyperparameters_file", ["sagemaker_container_log_level"]),
     "master-port-abc": (None, {"SM_MASTER_PORT": "abc"}, None, ["SM_MASTER_PORT", "'abc'"]),
     "master-port-70000": (None, {"SM_MASTER_PORT": "70000"}, None, ["SM_MASTER_PORT"]),
     "endpoint-url-malformed": (None, {"S3_ENDPOINT_URL": "http://[::1"}, None,

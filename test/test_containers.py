@@ -408,9 +408,12 @@ def test_local_image_ctrl_c_removes_containers_and_network(images, tmp_path):
         time.sleep(300)
         """))
     before = engine_names()
+    # As from a terminal: a test run started in the background (`cmd &` in a
+    # script) has SIGINT ignored, and that would be inherited.
     proc = subprocess.Popen(CLI + ["local", str(code), "--image", images["byo-slim"], "--hosts",
                                    "2", "--job-dir", str(tmp_path / "job")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         started = [tmp_path / "job" / h / "model" / "started" for h in ("algo-1", "algo-2")]
         deadline = time.monotonic() + 60
@@ -420,7 +423,16 @@ def test_local_image_ctrl_c_removes_containers_and_network(images, tmp_path):
                 pytest.fail("the job did not start: %s" % proc.communicate()[1][-3000:])
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 130
+        try:
+            code = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with open("/proc/%d/status" % proc.pid) as f:
+                state = [l for l in f if l.startswith(("State", "Sig", "Shd"))]
+            children = subprocess.run(["ps", "-o", "pid,stat,wchan:20,args", "--ppid",
+                                       str(proc.pid)], stdout=subprocess.PIPE, text=True).stdout
+            pytest.fail("SIGINT did not end `local --image` within 30 s:\n%s\n%s"
+                        % ("".join(state), children))
+        assert code == 130
     finally:
         if proc.poll() is None:
             proc.kill()

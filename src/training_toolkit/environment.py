@@ -289,8 +289,10 @@ class Environment(collections.abc.Mapping):
         if isinstance(log_level, str):
             try:
                 log_level = int(log_level)
-            except ValueError:
-                pass  # a level name
+            except ValueError:  # a level name
+                _require(log_level.upper() in LEVEL_NAMES,
+                         "must be a level number (10, 20, ...) or name (%s), got %s"
+                         % (", ".join(LEVEL_NAMES), _shown(log_level)), hp_file, params.LOG_LEVEL)
         master_port = _master_port(environ)
         if environ.get(params.S3_ENDPOINT_ENV):
             _check_endpoint_url(environ[params.S3_ENDPOINT_ENV])
@@ -495,6 +497,10 @@ def _master_port(environ):
 
 # botocore's own test of an endpoint's host name (utils.is_valid_endpoint_url).
 _HOST_NAME = r"^((?!-)[A-Z\d-]{1,63}(?<!-)\.)*((?!-)[A-Z\d-]{1,63}(?<!-))$"
+
+
+# The names Python's logging knows (`logging.getLevelName`), without importing it.
+LEVEL_NAMES = ("CRITICAL", "FATAL", "ERROR", "WARNING", "WARN", "INFO", "DEBUG", "NOTSET")
 
 
 def _check_endpoint_url(url):

@@ -70,8 +70,29 @@ def launcher(python):
     return [python, "-m", "torch.distributed.run"]
 
 
+# A worker's torchrun imports torch (a second or more here), then connects to
+# the master's rendezvous store; one that comes before the store listens is
+# refused and torch retries only after a backoff of about a second, which
+# the job then waits out. So a worker's launcher imports torch first, then
+# polls the master's port (from 10 ms apart up to 50 ms: many hosts polling
+# cost CPU the master needs, within STORE_WAIT_S) and runs
+# torch.distributed.run as it is once the store accepts.
+STORE_WAIT_S = 600
+WORKER_LAUNCHER = (
+    "import socket, sys, time; import torch.distributed.run as run; "
+    "addr, deadline = (sys.argv[1], int(sys.argv[2])), time.monotonic() + float(sys.argv[3])\n"
+    "delay = 0.01\n"
+    "while time.monotonic() < deadline:\n"
+    "    try: socket.create_connection(addr, timeout=1).close(); break\n"
+    "    except OSError: time.sleep(delay); delay = min(delay * 2, 0.05)\n"
+    "sys.argv = ['torchrun'] + sys.argv[4:]; run.main()")
+
+
 def torchrun_argv(settings, program, python):
     argv = launcher(python)
+    if len(settings.hosts) > 1 and settings.node_rank > 0:
+        argv = [python, "-c", WORKER_LAUNCHER, settings.master, str(settings.port),
+                str(STORE_WAIT_S)]
     if len(settings.hosts) == 1:
         argv += ["--standalone", "--nnodes", "1"]
     else:
