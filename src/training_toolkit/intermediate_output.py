@@ -513,24 +513,17 @@ class IntermediateSync:
     def _abs(self, rel):
         return os.path.join(self.root, rel) if rel else self.root
 
-    def _add_tree(self, rel_dir, rescan=False):
-        """Watch `rel_dir` and every directory under it, each before it is
-        listed, and want every file found (only changed ones when `rescan`)."""
+    def _files_under(self, rel_dir, on_dir=None):
+        """(relative path, DirEntry) of every regular file under `rel_dir`,
+        links not followed, the reference's temp dir left out. `on_dir(rel)`
+        runs on each directory before it is listed."""
         stack = [rel_dir]
         while stack:
             rel = stack.pop()
-            path = self._abs(rel)
-            if self._inotify is not None:
-                try:
-                    self._watches[self._inotify.add_watch(path, self._mask)] = rel
-                except OSError as err:
-                    if not os.path.isdir(path):
-                        continue
-                    # e.g. the max_user_watches limit: what is there now goes
-                    # up, what comes later at the end.
-                    self._record_error(err, "cannot watch %s" % path)
+            if on_dir is not None:
+                on_dir(rel)
             try:
-                entries = list(os.scandir(path))
+                entries = list(os.scandir(self._abs(rel)))
             except OSError:
                 continue
             for entry in entries:
@@ -539,11 +532,29 @@ class IntermediateSync:
                     if entry.is_dir(follow_symlinks=False):
                         if child != REFERENCE_TMP_DIR:
                             stack.append(child)
-                    elif entry.is_file():
-                        if not rescan or self._changed(child):
-                            self._want(child)
+                        continue
+                    is_file = entry.is_file()
                 except OSError:
                     continue
+                if is_file:
+                    yield child, entry
+
+    def _add_tree(self, rel_dir, rescan=False):
+        """Watch `rel_dir` and every directory under it, each before it is
+        listed, and want every file found (only changed ones when `rescan`)."""
+        for rel, _ in self._files_under(rel_dir, self._watch if self._inotify else None):
+            if not rescan or self._changed(rel):
+                self._want(rel)
+
+    def _watch(self, rel):
+        path = self._abs(rel)
+        try:
+            self._watches[self._inotify.add_watch(path, self._mask)] = rel
+        except OSError as err:
+            if os.path.isdir(path):
+                # e.g. the max_user_watches limit: what is there now goes
+                # up, what comes later at the end.
+                self._record_error(err, "cannot watch %s" % path)
 
     def _changed(self, rel):
         f = self._files.get(rel)
@@ -877,23 +888,11 @@ class IntermediateSync:
     def _present(self):
         """relative path -> signature of every regular file under the root."""
         present = {}
-        stack = [""]
-        while stack:
-            rel = stack.pop()
+        for rel, entry in self._files_under(""):
             try:
-                entries = list(os.scandir(self._abs(rel)))
+                present[rel] = _signature(entry.stat())
             except OSError:
                 continue
-            for entry in entries:
-                child = entry.name if not rel else rel + "/" + entry.name
-                try:
-                    if entry.is_dir(follow_symlinks=False):
-                        if child != REFERENCE_TMP_DIR:
-                            stack.append(child)
-                    elif entry.is_file():
-                        present[child] = _signature(entry.stat())
-                except OSError:
-                    continue
         return present
 
     def _list(self):
