@@ -283,16 +283,12 @@ class Environment(collections.abc.Mapping):
         _require(os.path.isfile(job_python) and os.access(job_python, os.X_OK),
                  "%r is not an executable file" % job_python, None, params.JOB_PYTHON_ENV)
         log_level = sagemaker_hps.get(params.LOG_LEVEL, 20)
-        _require(isinstance(log_level, (int, str)) and not isinstance(log_level, bool),
-                 "must be a level number (10, 20, ...) or name (DEBUG, INFO, ...), got %s"
-                 % _shown(log_level), hp_file, params.LOG_LEVEL)
-        if isinstance(log_level, str):
-            try:
-                log_level = int(log_level)
-            except ValueError:  # a level name
-                _require(log_level.upper() in LEVEL_NAMES,
-                         "must be a level number (10, 20, ...) or name (%s), got %s"
-                         % (", ".join(LEVEL_NAMES), _shown(log_level)), hp_file, params.LOG_LEVEL)
+        if isinstance(log_level, str) and log_level.strip().removeprefix("-").isdecimal():
+            log_level = int(log_level)
+        _require(isinstance(log_level, int) and not isinstance(log_level, bool)
+                 or isinstance(log_level, str) and log_level.upper() in LEVEL_NAMES,
+                 "must be a level number (10, 20, ...) or name (%s), got %s"
+                 % (", ".join(LEVEL_NAMES), _shown(log_level)), hp_file, params.LOG_LEVEL)
         master_port = _master_port(environ)
         if environ.get(params.S3_ENDPOINT_ENV):
             _check_endpoint_url(environ[params.S3_ENDPOINT_ENV])

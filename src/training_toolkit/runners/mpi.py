@@ -215,11 +215,7 @@ class MpiJob:
         full[rank_wrapper.CONTROL_ENV] = report_address
         full[rank_wrapper.RANKS_DIR_ENV] = ranks_dir(self.env)
         spec = {"env": full, "cwd": self.env.code_dir}
-        path = env_file(self.env)
-        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(spec, f)
-        os.replace(path + ".tmp", path)
+        report.write_file(env_file(self.env), json.dumps(spec), 0o600)
 
     def _control_key(self):
         return control.job_key(self.env.paths.input_config_dir)
@@ -282,12 +278,11 @@ class MpiJob:
         self.supervisor.stop(sig, grace)
 
     def _tag(self, block):
-        hosts = self.coordinator.control.rank_hosts
         aborted = _ABORT.search(block)
         if aborted:
             rank = int(aborted.group(1))
-            self.coordinator.control.rank_failed(
-                rank, hosts.get(rank) or self.settings.rank_host(rank), int(aborted.group(2)))
+            self.coordinator.control.rank_failed(rank, self._rank_host(rank),
+                                                 int(aborted.group(2)))
 
         pieces = _TAG.split(block)  # untagged, then (rank, stream, text) per piece
         out = [pieces[0]]
@@ -301,9 +296,12 @@ class MpiJob:
             out.extend(tag + line for line in text[:end].splitlines(keepends=True))
         return b"".join(out)
 
+    def _rank_host(self, rank):
+        """Where `rank` runs: as it reported, else where mpirun maps it."""
+        return self.coordinator.control.rank_hosts.get(rank) or self.settings.rank_host(rank)
+
     def _host_tag(self, rank, stream):
-        host = self.coordinator.control.rank_hosts.get(rank) or self.settings.rank_host(rank)
-        return b"[%s,%d]<%s>:" % (host.encode(), rank, stream)
+        return b"[%s,%d]<%s>:" % (self._rank_host(rank).encode(), rank, stream)
 
     # -- worker --------------------------------------------------------------
     def run_worker(self):
@@ -357,11 +355,10 @@ class MpiJob:
     def cleanup(self):
         """No rank, orted session or sshd of this job outlives `train`, and
         the ranks' environment file (it may hold credentials) is removed."""
-        for path in (env_file(self.env), env_file(self.env) + ".tmp"):
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+        try:
+            os.unlink(env_file(self.env))
+        except FileNotFoundError:
+            pass
         if self._alive_local_ranks():
             self._signal_local_ranks(signal.SIGKILL)
         self._killer.cancel()
