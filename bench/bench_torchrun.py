@@ -7,8 +7,12 @@ last host's exit (cross-host fail-fast).
 Runs as root (simulated hosts are Linux namespaces; training_toolkit.simcluster)
 with the python that runs this script, which needs torch (the CPU build).
 """
+import datetime
 import json
 import os
+import re
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -18,7 +22,7 @@ import common
 sys.path.insert(0, os.path.join(common.HERE, "..", "test"))
 from cluster_jobs import ClusterJob  # noqa: E402
 from training_toolkit.distributed import Torchrun  # noqa: E402
-from training_toolkit.runners.torchrun import launcher  # noqa: E402
+from training_toolkit import rank  # noqa: E402
 
 OVERHEAD_TARGET_S = 0.5
 FAIL_FAST_TARGET_S = 5.0
@@ -35,31 +39,63 @@ dist.barrier()
 """
 
 
+# Both contenders run with torchrun's INFO log, whose "Starting
+# elastic_operator" line marks the moment a host's agent has imported torch
+# (on a worker under `train`, also waited for the master's store): where a
+# slow run lost its time shows there.
+AGENT_LOG = {"LOGLEVEL": "INFO"}
+AGENT_STARTED = re.compile(r"^I\d{4} (\d\d):(\d\d):(\d\d\.\d+) .*Starting elastic_operator",
+                           re.M)
+
+
+def agents_started(logs, t0):
+    """Seconds from `t0` (wall clock) until the last host's torchrun agent
+    started, from each host's stderr (None when a log lacks the line)."""
+    starts = []
+    for text in logs:
+        m = AGENT_STARTED.search(text)
+        if m is None:
+            return None
+        day = datetime.datetime.fromtimestamp(t0).replace(hour=0, minute=0, second=0,
+                                                          microsecond=0)
+        starts.append(day.timestamp() + int(m.group(1)) * 3600 + int(m.group(2)) * 60
+                      + float(m.group(3)) - t0)
+    return max(starts)
+
+
 def by_hand(job, script, port):
-    """The torchrun commands that `train` runs (this Python's
-    torch.distributed.run, not a `torchrun` shim found on PATH), started
-    directly on each host, as one would without `train`."""
-    procs = []
-    t0 = time.perf_counter()
+    """The torchrun commands that `train` runs, started directly on each
+    host as one would without `train`: this Python's torch.distributed.run
+    (not a `torchrun` shim found on PATH), with the same arguments.
+    Returns (seconds, exit codes, seconds until the last agent started)."""
+    procs, logs = [], []
+    wall0, t0 = time.time(), time.perf_counter()
     n, per_host = len(job.hosts), job.per_host
-    for rank, host in enumerate(job.hosts):
-        argv = launcher(sys.executable) + ["--nnodes", str(n), "--nproc_per_node", str(per_host),
-                "--node_rank", str(rank), "--master_addr", "algo-1", "--master_port", str(port),
-                script]
-        procs.append(job.cluster.popen(host, argv, env=job.env(), cwd=job.src,
-                                       stdout=open(os.devnull, "w"),
-                                       stderr=open(os.devnull, "w")))
+    for node_rank, host in enumerate(job.hosts):
+        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(n),
+                "--nproc_per_node", str(per_host), "--node_rank", str(node_rank),
+                "--master_addr", "algo-1", "--master_port", str(port), script]
+        logs.append(tempfile.TemporaryFile())
+        procs.append(job.cluster.popen(host, argv, env=job.env(**AGENT_LOG), cwd=job.src,
+                                       stdout=subprocess.DEVNULL, stderr=logs[-1]))
     ends = []
     for p in procs:
         p.wait()
         ends.append(time.perf_counter() - t0)
-    return max(ends), [p.returncode for p in procs]
+    texts = []
+    for log in logs:
+        log.seek(0)
+        texts.append(log.read().decode("utf-8", "replace"))
+        log.close()
+    return max(ends), [p.returncode for p in procs], agents_started(texts, wall0)
 
 
 def run_train(job, **env):
-    t0 = time.monotonic()
+    wall0, t0 = time.time(), time.monotonic()
     job.start(**env).wait(timeout=300)
-    return max(r.ended for r in job.runs.values()) - t0, job.codes()
+    agents = agents_started([r.err.decode("utf-8", "replace") for r in job.runs.values()],
+                            wall0) if env.get("LOGLEVEL") else None
+    return max(r.ended for r in job.runs.values()) - t0, job.codes(), agents
 
 
 def phases(job, host):
@@ -79,26 +115,61 @@ def trivial_job(root, hosts, per_host):
 
 def compare(job, runs):
     """`train` against torchrun by hand on `job`, alternated; returns the
-    times of each, and (before, after) torchrun on the slowest host of each
-    `train` run."""
+    times of each, the seconds until the last agent started in each run of
+    each, and (before, after) torchrun on the slowest host of each `train`
+    run."""
     port = [29400]
     around = []
+    agents = {"by hand": [], "train": []}
+
+    slowest = [0.0]
 
     def hand():
         port[0] += 1  # a fresh rendezvous port each run (no TIME_WAIT clashes)
-        seconds, codes = by_hand(job, "train.py", port[0])
+        seconds, codes, started = by_hand(job, "train.py", port[0])
         assert set(codes) == {0}, codes
+        agents["by hand"].append(started)
+        print("    by hand: last agent started at %.2f s" % started, file=sys.stderr)
         return seconds
 
     def ours():
-        seconds, codes = run_train(job)
+        seconds, codes, started = run_train(job, **AGENT_LOG)
         assert set(codes.values()) == {0}, codes
+        agents["train"].append(started)
+        print("    train: last agent started at %.2f s" % started, file=sys.stderr)
         last = max(job.runs.values(), key=lambda r: r.ended).host
         around.append(phases(job, last))
+        if seconds > slowest[0]:
+            slowest[0] = seconds
+            keep_run(job, os.path.join(job.root, "slowest-train-run"))
         return seconds
 
     times = common.alternate({"by hand": hand, "train": ours}, runs)
-    return times, around[-runs:]
+    print("  slowest train run (%.2f s), every host's status.json and stderr: %s" % (
+        slowest[0], os.path.join(job.root, "slowest-train-run")), file=sys.stderr)
+    return times, {k: v[-runs:] for k, v in agents.items()}, around[-runs:]
+
+
+def keep_run(job, where):
+    """Every host's status.json and stderr of the run just ended, under
+    where/<host>/ (`training-toolkit timeline where` draws it)."""
+    for run in job.runs.values():
+        out = os.path.join(where, run.host, "output")
+        os.makedirs(out, exist_ok=True)
+        shutil.copy(job.path(run.host, "output", "status.json"), out)
+        with open(os.path.join(where, run.host, "stderr"), "wb") as f:
+            f.write(run.err)
+
+
+def agent_rows(agents):
+    """Table rows: when the last host's agent started, per contender."""
+    return [["last agent started (torch imported), " + name, known_spread(agents[name]),
+             " ".join("-" if t is None else "%.2f" % t for t in agents[name])] for name in agents]
+
+
+def known_spread(xs):
+    known = [x for x in xs if x is not None]
+    return common.spread(known) if known else "-"
 
 
 def wrapper_start(job):
@@ -112,21 +183,36 @@ def wrapper_start(job):
             seconds.append(time.perf_counter() - t0)
         return common.median(seconds)
 
-    return (timed([sys.executable, "-m", "training_toolkit.rank", "--tag", "--", "true"]),
+    return (timed(rank.command("--tag") + ["true"]),
             timed([sys.executable, "-c", "pass"]))
+
+
+def torch_teardown(job):
+    """Seconds from the last line of a Python that imported
+    torch.distributed.run to its exit (its teardown: what the launcher skips
+    with os._exit), in a host, 5 runs, median."""
+    code = "import sys, time, torch.distributed.run; sys.stdout.write(repr(time.time()))"
+    seconds = []
+    for _ in range(5):
+        out = job.cluster.run("algo-1", [sys.executable, "-c", code], env=job.env(), check=True,
+                              stdout=subprocess.PIPE).stdout
+        seconds.append(time.time() - float(out))
+    return common.median(seconds)
 
 
 def overhead_2x2(root, runs):
     print("\n## trivial job, 2 hosts x 2 processes")
     with trivial_job(os.path.join(root, "trivial"), 2, 2) as job:
-        times, around = compare(job, runs)
+        times, agents, around = compare(job, runs)
         wrapper, bare = wrapper_start(job)
+        teardown = torch_teardown(job)
     pairs = [t - h for t, h in zip(times["train"], times["by hand"])]
     common.table(["contender", "min / median / max (last host)", "runs"], [
         ["torchrun by hand", common.spread(times["by hand"]),
          " ".join("%.2f" % t for t in times["by hand"])],
         ["train", common.spread(times["train"]), " ".join("%.2f" % t for t in times["train"])],
-        ["overhead, run by run", common.spread(pairs), " ".join("%+.2f" % t for t in pairs)]])
+        ["overhead, run by run", common.spread(pairs), " ".join("%+.2f" % t for t in pairs)]]
+        + agent_rows(agents))
     print("overhead in every run <= %.1f s: %s (worst %+.2f s)" % (
         OVERHEAD_TARGET_S, common.verdict(max(pairs) <= OVERHEAD_TARGET_S), max(pairs)))
     print("\nwhere train's time goes (slowest host, medians):")
@@ -135,7 +221,8 @@ def overhead_2x2(root, runs):
          "%.3f" % common.median([b for b, _ in around])],
         ["torchrun end -> train exit (verdict)", "%.3f" % common.median([a for _, a in around])],
         ["rank wrapper around `true` (one rank)", "%.3f" % wrapper],
-        ["`python -c pass`, for comparison", "%.3f" % bare]])
+        ["`python -c pass`, for comparison", "%.3f" % bare],
+        ["teardown of a Python that imported torch (the launcher skips it)", "%.3f" % teardown]])
 
 
 def growth(root, host_counts, runs):
@@ -143,15 +230,17 @@ def growth(root, host_counts, runs):
     rows, series = [], {"torchrun by hand": [], "train": []}
     for n in host_counts:
         with trivial_job(os.path.join(root, "growth-%d" % n), n, 1) as job:
-            times, _ = compare(job, runs)
+            times, agents, _ = compare(job, runs)
         pairs = [t - h for t, h in zip(times["train"], times["by hand"])]
         rows.append([n, common.spread(times["by hand"]), common.spread(times["train"]),
-                     common.spread(pairs)])
+                     " ".join("%+.2f" % t for t in pairs), known_spread(agents["by hand"]),
+                     known_spread(agents["train"])])
         for name, key in (("torchrun by hand", "by hand"), ("train", "train")):
             series[name].append((n, (min(times[key]), common.median(times[key]),
                                      max(times[key]))))
     common.table(["hosts", "by hand min / median / max", "train min / median / max",
-                  "train - by hand, run by run"], rows)
+                  "train - by hand, run by run", "last agent started, by hand",
+                  "last agent started, train"], rows)
     return series
 
 
@@ -161,7 +250,7 @@ def fail_fast(root, runs):
     with ClusterJob(os.path.join(root, "failing"), 2, {"train.py": FAILING},
                     distributed=Torchrun(process_count_per_node=2)) as job:
         for i in range(runs):
-            seconds, codes = run_train(job)
+            seconds, codes, _ = run_train(job)
             failed_at = float(job.read("algo-2", "model", "failed-at"))
             offset = time.time() - time.monotonic()
             span = max(r.ended for r in job.runs.values()) + offset - failed_at

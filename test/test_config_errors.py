@@ -146,6 +146,26 @@ def test_v3_driver_linked_out_is_refused(tmp_path):
     untouched(target)
 
 
+@pytest.mark.parametrize("requirements", ["../../../../outside/victim", "/etc/hostname",
+                                          "link-out.txt"])
+def test_v3_requirements_outside_the_code_are_refused(tmp_path, requirements):
+    """pip reads the SourceCode's requirements file: it must be one inside
+    source_dir, named plainly or reached through links."""
+    target = victim(tmp_path)
+    base = v3_tree(tmp_path, "requirements")
+    (base / "input" / "data" / "code" / "link-out.txt").symlink_to(target)
+    source_code = base / "input" / "data" / "sm_drivers" / "sourcecode.json"
+    doc = json.loads(source_code.read_text())
+    doc["requirements"] = requirements
+    source_code.write_text(json.dumps(doc))
+    r = run_tree(base)
+    assert r.returncode == 78, r.stderr.decode()
+    failure = (base / "output" / "failure").read_text()
+    assert "requirements" in failure and str(source_code) in failure, failure
+    assert not list(base.glob("model/report-*.json")), "the entry script ran"
+    untouched(target)
+
+
 # --- defect 6: the termination grace ------------------------------------------------------
 
 @pytest.mark.parametrize("value", ["inf", "1e12", "nan", "-1", "soon", "86401"])

@@ -185,6 +185,31 @@ def test_oversize_line_closes_the_connection_without_growing_memory(master):
     assert started(master, 0)
 
 
+def test_a_trickling_peer_is_cut_off_at_the_auth_deadline(monkeypatch):
+    """A peer that sends a byte at a time, each within the read timeout, must
+    not hold its connection (and the master's thread) past the deadline to
+    authenticate."""
+    monkeypatch.setattr(control, "AUTH_TIMEOUT_S", 1.0)
+    server = control.MasterControl(0, ["algo-2"], KEY)
+    try:
+        peer = Peer(server.port)
+        start = time.monotonic()
+        cut = False
+        while time.monotonic() - start < 5:
+            try:
+                peer.send(b"x")
+            except OSError:
+                cut = True
+                break
+            time.sleep(0.2)
+        assert cut, "the peer still trickles after 5 s"
+        assert time.monotonic() - start < 3
+        report(server, {"type": "rank_start", "rank": 0, "host": "algo-1", "pid": 1})
+        assert started(server, 0)
+    finally:
+        server.close()
+
+
 def test_unauthenticated_peer_cannot_register_as_a_worker(master):
     fake = Peer(master.port)
     fake.send(line({"type": "hello", "host": "algo-2", "nonce": "0" * 32}))
@@ -223,6 +248,31 @@ def test_drop_log_is_rate_limited(capfd):
 
 
 # -- the worker's side ----------------------------------------------------------
+
+def test_a_lost_rank_report_does_not_hang_the_master(monkeypatch, capfd):
+    """After the launcher ended 0 the master waits for the ranks' reports
+    still in flight; one that was lost (its connection failed, say) must not
+    keep it waiting forever: the launcher's 0 stands, with a warning."""
+    from training_toolkit.runners import coordination
+    from training_toolkit.supervise import Outcome
+
+    monkeypatch.setattr(coordination, "REPORTS_WAIT_S", 0.3, raising=False)
+    job = coordination.JobMaster(0, [], lambda sig, grace: None, KEY)
+    try:
+        control.send_once("127.0.0.1", job.control.port, KEY,
+                          {"type": "rank_exit", "rank": 0, "host": "algo-1", "exit_code": 0,
+                           "stderr_tail": ""})
+        done = []
+        thread = threading.Thread(target=lambda: done.append(
+            job.verdict(Outcome(0, b"", False), expected_ranks=2)), daemon=True)
+        thread.start()
+        thread.join(10)
+        assert done, "the master still waits for the lost report"
+        assert done[0].exit_code == 0
+    finally:
+        job.close()
+    assert "1 of 2 ranks never reported their exit" in capfd.readouterr().err
+
 
 def test_worker_ignores_forged_instructions(tmp_path):
     """A stand-in master that sends, before its genuine verdict, a terminate
@@ -427,6 +477,8 @@ import os, sys, time
 rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
 with open(os.path.join(os.environ["SM_MODEL_DIR"], "running-%d" % rank), "w") as f:
     f.write(str(os.path.exists("/opt/ml/toolkit/rank-env.json")))
+from mpi4py import MPI
+MPI.COMM_WORLD.Barrier()  # both ranks have looked before one fails
 end = os.environ["END"]
 if end == "failure" and rank == 1:
     sys.exit(3)

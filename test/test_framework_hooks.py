@@ -131,7 +131,7 @@ def test_torch_distributed_job_all_reduces_over_gloo(tmp_path, hook_dir):
         assert info == {"world": 2, "sum": 3.0, "argv": ["--epochs", "1"]}
     status = json.loads(job.read("algo-1", "output", "status.json"))
     assert status["runner"] == "torchrun"
-    assert "-m torch.distributed.run" in status["command"]
+    assert "/training_toolkit/runners/torchrun_launcher.py " in status["command"]
 
 
 def test_failing_script_exit_code_and_error_reach_the_verdict(tmp_path, hook_dir):

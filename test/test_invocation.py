@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from jobs import TRAIN, Job
+from training_toolkit.runners.torchrun import LAUNCHER
 
 RECORD = ("import json, os, sys; json.dump({'argv': sys.argv[1:], 'exe': sys.executable, "
           "'cwd': os.getcwd(), 'host': os.environ['SM_CURRENT_HOST']}, "
@@ -96,9 +97,9 @@ def test_torchrun_ranks_run_with_the_users_interpreter(tmp_path, user_python):
     for rank in (0, 1):
         assert json.loads(job.read("model", "ran-%d.json" % rank))["exe"] == user_python
     command = job.status()["command"]
-    assert command.startswith(user_python + " -m torch.distributed.run ")
+    assert command.startswith(user_python + " " + LAUNCHER + " - --standalone ")
     # torchrun's workers are the toolkit's rank wrapper, on the toolkit's interpreter.
-    assert " --no-python " in command and " -u -m training_toolkit.rank --tag -- " in command
+    assert " --no-python " in command and "training_toolkit.rank" in command and " --tag -- " in command
 
 
 def test_missing_user_interpreter_is_a_config_error(tmp_path):

@@ -1,5 +1,5 @@
-"""The rank wrapper (`python -m training_toolkit.rank`) run for real, under a
-stand-in launcher."""
+"""The rank wrapper (`training_toolkit.rank`) run for real, under a stand-in
+launcher."""
 import os
 import signal
 import subprocess
@@ -7,6 +7,8 @@ import sys
 import time
 
 import psutil
+
+from training_toolkit import rank
 
 LAUNCHER = """
 import os, subprocess, sys, time
@@ -59,3 +61,19 @@ def test_rank_ends_when_its_launcher_is_killed(tmp_path):
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+def test_user_modules_cannot_shadow_what_the_wrapper_imports(tmp_path):
+    """A rank's cwd is the user's code dir, which is often on PYTHONPATH too
+    (framework hooks export sys.path): a user module named like one the
+    wrapper imports (`secrets.py` is a common name) must not replace it. The
+    program itself still gets PYTHONPATH."""
+    for name in ("secrets", "json", "socket", "hmac", "threading", "signal"):
+        (tmp_path / (name + ".py")).write_text("raise SystemExit('user module %s' % __name__)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SM_")}
+    env.update(PYTHONPATH=str(tmp_path), RANK="3")
+    program = [sys.executable, "-S", "-c", "import os; print(os.environ['PYTHONPATH'])"]
+    r = subprocess.run(rank.command("--tag") + program, cwd=str(tmp_path), env=env,
+                       capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stdout == b"[localhost,3]<stdout>:%s\n" % str(tmp_path).encode()

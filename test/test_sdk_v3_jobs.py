@@ -222,7 +222,7 @@ def test_torchrun_two_processes_per_host(tmp_path, layout):
     result = read_json(cluster, "algo-1", "model", "allreduce-algo-1.json")
     assert result["world_size"] == world and result["sum"] == world * (world + 1) / 2
     assert result["argv"] == SCRIPT_ARGV
-    assert " -m torch.distributed.run " in status(cluster, "algo-1")["command"]
+    assert "/training_toolkit/runners/torchrun_launcher.py " in status(cluster, "algo-1")["command"]
 
 
 def test_mpi_two_processes_per_host(tmp_path, layout):

@@ -12,6 +12,7 @@ import pytest
 
 from cluster_jobs import ClusterJob, require_cluster
 from jobs import Job
+from training_toolkit.runners.torchrun import LAUNCHER
 from training_toolkit.distributed import (MPI, SMP, ConfigValidationError, DistributedConfig,
                                           Torchrun, write_job)
 
@@ -275,3 +276,20 @@ def test_bad_distributed_json_fails_before_user_code(tmp_path, config, doc, word
     for word in words:
         assert word in failure
     assert not os.path.exists(os.path.join(job.paths.v3_code_dir, "ran"))
+
+
+def test_launcher_exits_as_torchrun_would(tmp_path):
+    """runners/torchrun_launcher.py runs torch.distributed.run's main and
+    leaves through os._exit with the status the interpreter would have given:
+    argparse's 2, 1 after a failed worker (with torchrun's report), 0."""
+    def launch(*args):
+        return subprocess.run([sys.executable, LAUNCHER, "-"] + list(args), cwd=str(tmp_path),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=180)
+
+    usage = launch("--no-such-option")
+    assert usage.returncode == 2 and b"torchrun: error: " in usage.stderr
+    failed = launch("--standalone", "--nproc_per_node", "1", "--no-python", "false")
+    assert failed.returncode == 1 and b"ChildFailedError" in failed.stderr
+    succeeded = launch("--standalone", "--nproc_per_node", "1", "--no-python", "sh", "-c",
+                       "echo done")
+    assert succeeded.returncode == 0 and succeeded.stdout == b"done\n", succeeded.stderr

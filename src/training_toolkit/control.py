@@ -321,6 +321,11 @@ class MasterControl:
 
     def _serve(self, conn, peer):
         stream = _Stream(conn, self.key, TO_WORKER, TO_MASTER, _nonce())
+        # The socket timeout bounds each read; a peer that trickles a byte at
+        # a time would pass it forever, so authentication has a deadline too.
+        deadline = threading.Timer(AUTH_TIMEOUT_S, lambda: stream.received or stream.close())
+        deadline.daemon = True
+        deadline.start()
         try:
             conn.settimeout(AUTH_TIMEOUT_S)
             _keepalive(conn)
@@ -336,6 +341,7 @@ class MasterControl:
                 if message is None:
                     break
                 conn.settimeout(None)  # authenticated: may stay for the whole job
+                deadline.cancel()
                 if not _valid(message):
                     self.drops.note(peer, "authenticated, but a malformed %r message"
                                     % message["type"][:40])
@@ -345,6 +351,7 @@ class MasterControl:
                     self._handle(message)
         except OSError:
             pass
+        deadline.cancel()
         # A worker whose link closes before the verdict has lost its `train`.
         with self._cond:
             lost = [h for h, s in self.links.items() if s is stream]

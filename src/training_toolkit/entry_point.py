@@ -9,7 +9,7 @@ import stat
 from . import log, params, report
 from .environment import Environment
 from .errors import CodeNotFoundError, ConfigError, ExecuteUserScriptError
-from .paths import entry_point_path, is_populated
+from .paths import entry_point_path, is_populated, resolves_inside
 from .report import Reporter
 from .runners import RunnerType, load, load_for
 from .runners.plan import COMMAND, PYTHON_PACKAGE, entry_kind
@@ -79,6 +79,10 @@ def install_dependencies(env, supervisor):
         requirements = "requirements.txt"
         if not os.path.isfile(os.path.join(env.code_dir, requirements)):
             return
+    if requirements and not resolves_inside(env.code_dir, requirements):
+        raise ConfigError("requirements file %r resolves outside the code dir %s (a link "
+                          "leading out)" % (requirements, env.code_dir),
+                          path=env.paths.source_code_file, field="requirements")
     if requirements and not os.path.isfile(os.path.join(env.code_dir, requirements)):
         raise CodeNotFoundError("requirements file %r not found in %s"
                                 % (requirements, env.code_dir), uri=env.paths.source_code_file)

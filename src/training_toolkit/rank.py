@@ -1,4 +1,5 @@
-"""Rank wrapper: `python -m training_toolkit.rank [--env-file F] [--tag] -- PROGRAM ARGS`.
+"""Rank wrapper: `python -m training_toolkit.rank [--env-file F] [--tag] -- PROGRAM ARGS`
+(launchers start it through `command`).
 
 Launchers (mpirun, torchrun) start every rank through this wrapper. It
 
@@ -27,6 +28,19 @@ import sys
 CONTROL_ENV = "TRAINING_TOOLKIT_CONTROL"    # master address:port for reports
 RANKS_DIR_ENV = "TRAINING_TOOLKIT_RANKS_DIR"  # where this host's rank pids go
 REPORTED_TAIL = 8 * 1024
+
+
+def command(*options):
+    """The argv that starts this wrapper, OPTIONS and `--` included, on the
+    toolkit's interpreter. Every rank pays for it, so it starts lean: without
+    `site`, whose .pth files cost tens of milliseconds per interpreter, and
+    without PYTHON* variables, so that the user's PYTHONPATH (their code dir)
+    cannot shadow a module the wrapper imports. It imports only the standard
+    library and this package, found where this process found it."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    boot = ("import sys; sys.path[0] = %r; import training_toolkit.rank as r; "
+            "sys.exit(r.main())" % root)
+    return [sys.executable, "-S", "-E", "-u", "-c", boot] + list(options) + ["--"]
 
 
 def rank_of(environ):

@@ -174,6 +174,10 @@ def read(paths, distributed_doc, source_code):
                 path=paths.source_code_file, field=field)
     entry = source_code.get("entry_script") or None
     requirements = source_code.get("requirements") or None
+    if requirements and requirements != "auto" and (
+            os.path.isabs(requirements) or os.pardir in requirements.split("/")):
+        raise ConfigError("must name a file inside source_dir (pip reads it), got %r"
+                          % requirements[:200], path=paths.source_code_file, field="requirements")
     source_dir = source_code.get("source_dir") or ""
     archive = os.path.basename(source_dir) if source_dir.endswith(".tar.gz") else None
     train_script_file = os.path.join(paths.drivers_dir, "sm_train.sh")

@@ -11,7 +11,7 @@ import signal
 import threading
 import time
 
-from .. import control, report
+from .. import control, log, report
 from ..errors import ClusterError
 from ..supervise import Outcome
 
@@ -19,6 +19,10 @@ from ..supervise import Outcome
 ABORT_GRACE_S = 3.0
 # A worker that lost its master gives its ranks this long after SIGTERM.
 LOST_MASTER_GRACE_S = 5.0
+# After the master's launcher ended 0, how long reports still on their way
+# may take: every rank sent its report before it exited, so they are in
+# flight, unless one was lost, and then the launcher's 0 stands.
+REPORTS_WAIT_S = 5.0
 
 
 def learned_verdict(how):
@@ -88,7 +92,12 @@ class JobMaster:
         `ranks_decide` (a launcher that restarts failed ranks), a rank's
         failure counts only when a launcher failed too."""
         if local.exit_code == 0 and expected_ranks and ranks_decide:
-            self.control.wait_for_exits(expected_ranks, float("inf"))
+            deadline = time.monotonic() + REPORTS_WAIT_S
+            if not self.control.wait_for_exits(expected_ranks, deadline):
+                log.warning("%d of %d ranks never reported their exit to the master; the "
+                            "launcher ended 0, so that is the job's verdict" % (
+                                expected_ranks - len({e[1] for e in self.control.exits}),
+                                expected_ranks))
         failure = None
         if ranks_decide or local.exit_code or self.control.host_failures or self.control.lost:
             failure = self.control.first_failure(wait_s=1.0 if local.exit_code else 0.0)

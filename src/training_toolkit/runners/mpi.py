@@ -15,7 +15,6 @@ import re
 import shlex
 import shutil
 import signal
-import sys
 import threading
 import time
 
@@ -161,7 +160,7 @@ def mpirun_argv(env, settings, program):
         known_hosts_file(env), ssh_control_dir(env), first_contact=settings.tree_spawn))]
     argv += ["-x", "NCCL_SOCKET_IFNAME=%s" % iface]
     argv += settings.custom
-    argv += [sys.executable, "-m", "training_toolkit.rank", "--env-file", env_file(env), "--"]
+    argv += rank_wrapper.command("--env-file", env_file(env))
     return argv + list(program)
 
 

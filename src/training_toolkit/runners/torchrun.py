@@ -10,7 +10,6 @@ every host, and every host ends with the failing rank's exit code.
 import os
 import signal
 import socket
-import sys
 import time
 
 from .. import control, log, params, resources, ssh
@@ -24,6 +23,8 @@ MAX_RESTARTS = "sagemaker_torch_distributed_max_restarts"
 EFA_INSTANCES = ("ml.g4dn.8xlarge", "ml.g4dn.12xlarge", "ml.g5.48xlarge", "ml.p3dn.24xlarge",
                  "ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.p5.48xlarge", "ml.trn1.32xlarge")
 EFA_RDMA_INSTANCES = ("ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.trn1.32xlarge")
+# The job's interpreter runs torchrun through this script (see there why).
+LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchrun_launcher.py")
 
 
 class TorchrunSettings:
@@ -64,35 +65,12 @@ def network_env(instance_type, interface):
     return out
 
 
-def launcher(python):
-    """torchrun of the job's own interpreter: a `torchrun` on PATH may belong
-    to another Python, whose torch would not be the job's."""
-    return [python, "-m", "torch.distributed.run"]
-
-
-# A worker's torchrun imports torch (a second or more here), then connects to
-# the master's rendezvous store; one that comes before the store listens is
-# refused and torch retries only after a backoff of about a second, which
-# the job then waits out. So a worker's launcher imports torch first, then
-# polls the master's port (from 10 ms apart up to 50 ms: many hosts polling
-# cost CPU the master needs, within STORE_WAIT_S) and runs
-# torch.distributed.run as it is once the store accepts.
-STORE_WAIT_S = 600
-WORKER_LAUNCHER = (
-    "import socket, sys, time; import torch.distributed.run as run; "
-    "addr, deadline = (sys.argv[1], int(sys.argv[2])), time.monotonic() + float(sys.argv[3])\n"
-    "delay = 0.01\n"
-    "while time.monotonic() < deadline:\n"
-    "    try: socket.create_connection(addr, timeout=1).close(); break\n"
-    "    except OSError: time.sleep(delay); delay = min(delay * 2, 0.05)\n"
-    "sys.argv = ['torchrun'] + sys.argv[4:]; run.main()")
-
-
 def torchrun_argv(settings, program, python):
-    argv = launcher(python)
+    # A worker's launcher first waits for the master's rendezvous store.
+    wait_for = "-"
     if len(settings.hosts) > 1 and settings.node_rank > 0:
-        argv = [python, "-c", WORKER_LAUNCHER, settings.master, str(settings.port),
-                str(STORE_WAIT_S)]
+        wait_for = "%s:%d" % (settings.master, settings.port)
+    argv = [python, LAUNCHER, wait_for]
     if len(settings.hosts) == 1:
         argv += ["--standalone", "--nnodes", "1"]
     else:
@@ -103,8 +81,7 @@ def torchrun_argv(settings, program, python):
         argv += ["--max-restarts", str(settings.max_restarts)]
     # Each worker is the toolkit's rank wrapper (on the toolkit's interpreter,
     # which may not be the job's), which then runs PROGRAM.
-    return argv + ["--no-python", sys.executable, "-u", "-m", "training_toolkit.rank", "--tag",
-                   "--"] + list(program)
+    return argv + ["--no-python"] + rank_wrapper.command("--tag") + list(program)
 
 
 def plan(env, entry_point, args, extra_env=None, options=None):

@@ -1,0 +1,68 @@
+"""torchrun as `train` starts it: `PYTHON torchrun_launcher.py WAIT_FOR ARGS...`.
+
+The job's interpreter runs this file as a script. That interpreter has torch
+but may not have this package, so nothing here imports from it. The script
+runs torch.distributed.run's own `main` with ARGS, and differs from
+`python -m torch.distributed.run ARGS` in two ways, both to save time:
+
+* WAIT_FOR (`HOST:PORT` on a worker host, `-` elsewhere) is the master's
+  rendezvous store. A worker's agent that connects before the store listens
+  is refused, and torch then retries only after a backoff of about a second,
+  which the whole job waits out. So the worker imports torch first, then polls
+  the port (10 ms apart, growing to 50 ms: many hosts polling cost CPU that
+  the master needs) for up to STORE_WAIT_S, and only then runs torchrun.
+* An interpreter that has imported torch spends 0.6-0.7 s of CPU tearing
+  itself down at exit, after torchrun is done: its workers stopped, its exit
+  barrier passed, its error file written. The script flushes its output and
+  leaves through os._exit with the status Python would have given: 0, the
+  SystemExit code, or 1 after printing the traceback.
+"""
+import os
+import socket
+import sys
+import time
+
+STORE_WAIT_S = 600
+
+
+def wait_for_store(address, seconds):
+    host, port = address.rsplit(":", 1)
+    deadline, delay = time.monotonic() + seconds, 0.01
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+
+def main(argv):
+    # Run as a script, this file's directory (the toolkit's own modules)
+    # heads sys.path: none of them may stand in for a module torch imports.
+    here = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and os.path.abspath(sys.path[0] or os.curdir) == here:
+        del sys.path[0]
+    import torch.distributed.run as torchrun
+
+    wait_for, sys.argv = argv[0], ["torchrun"] + argv[1:]
+    if wait_for != "-":
+        wait_for_store(wait_for, STORE_WAIT_S)
+    code = 0
+    try:
+        torchrun.main()
+    except SystemExit as e:
+        code = e.code or 0
+        if not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
