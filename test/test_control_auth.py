@@ -210,6 +210,35 @@ def test_a_trickling_peer_is_cut_off_at_the_auth_deadline(monkeypatch):
         server.close()
 
 
+def test_connections_waiting_to_authenticate_are_capped(monkeypatch):
+    """Each connection that has not authenticated holds a thread: past
+    MAX_UNAUTHENTICATED of them, new ones are closed at once; the places come
+    back as those connections go."""
+    monkeypatch.setattr(control, "MAX_UNAUTHENTICATED", 4)
+    server = control.MasterControl(0, ["algo-2"], KEY)
+    try:
+        idle = [Peer(server.port) for _ in range(4)]
+        with pytest.raises((AssertionError, IndexError, OSError)):
+            Peer(server.port)  # closed before any greeting
+        assert until(lambda: server.drops.count >= 1)
+        for peer in idle:
+            peer.reader.close()
+            peer.close()
+
+        def greeted():
+            try:
+                Peer(server.port).close()
+                return True
+            except (AssertionError, IndexError, OSError):
+                return False
+
+        assert until(greeted)
+        report(server, {"type": "rank_start", "rank": 0, "host": "algo-1", "pid": 1})
+        assert started(server, 0)
+    finally:
+        server.close()
+
+
 def test_unauthenticated_peer_cannot_register_as_a_worker(master):
     fake = Peer(master.port)
     fake.send(line({"type": "hello", "host": "algo-2", "nonce": "0" * 32}))
@@ -489,6 +518,7 @@ if end == "sigterm":
     with ClusterJob(tmp_path, 2, {"train.py": script}, hyperparameters=hps) as job:
         job.start(END=end, AWS_SECRET_ACCESS_KEY="do-not-leave")
         if end == "sigterm":
+            job.wait_for_file("algo-1", "model", "running-0", timeout=120)
             job.wait_for_file("algo-2", "model", "running-1", timeout=120)
             job.signal("algo-1", signal.SIGTERM)
         job.wait(timeout=120)

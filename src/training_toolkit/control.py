@@ -32,7 +32,9 @@ the job's network can end the job, pose as a worker, or stop a worker's ranks:
   any other position (no replay, no reordering, no reflection).
 * Bounds. A line is at most MAX_LINE bytes (read with a bounded readline; a
   longer one closes its connection), stderr tails are cut to TAIL_CHARS
-  before sending, a connection must authenticate within AUTH_TIMEOUT_S.
+  before sending, a connection must authenticate within AUTH_TIMEOUT_S of
+  its start, and at most MAX_UNAUTHENTICATED connections wait to (one
+  thread each); more are closed at once.
 * Drops. A message that fails any check is dropped and logged (at most one
   line every DROP_LOG_INTERVAL_S, counting the rest); an unauthenticated
   connection is closed; no handling thread dies of a bad message.
@@ -58,6 +60,7 @@ MAX_LINE = 64 * 1024
 # 8 Ki characters, JSON-escaped at worst 6 bytes each, fit a line.
 TAIL_CHARS = 8 * 1024
 AUTH_TIMEOUT_S = 10.0
+MAX_UNAUTHENTICATED = 1024
 DROP_LOG_INTERVAL_S = 5.0
 GREETING = b"tt-control-1"
 KEYED_CONFIG_FILES = ("hyperparameters.json", "inputdataconfig.json")
@@ -298,6 +301,7 @@ class MasterControl:
         self._failed = False
         self.decided = False     # the verdict went out; later losses are goodbyes
         self._cond = threading.Condition()
+        self._unauthenticated = threading.BoundedSemaphore(MAX_UNAUTHENTICATED)
         address = "" if self.workers else "127.0.0.1"
         self._server = socket.create_server((address, port), reuse_port=False, backlog=128)
         self.port = self._server.getsockname()[1]
@@ -313,10 +317,16 @@ class MasterControl:
                     return
                 time.sleep(0.05)  # e.g. out of file descriptors: the real peers retry
                 continue
+            peer = "%s:%d" % peer[:2]
+            if not self._unauthenticated.acquire(blocking=False):
+                self.drops.note(peer, "%d connections already wait to authenticate"
+                                % MAX_UNAUTHENTICATED)
+                conn.close()
+                continue
             try:
-                threading.Thread(target=self._serve, args=(conn, "%s:%d" % peer[:2]),
-                                 daemon=True).start()
+                threading.Thread(target=self._serve, args=(conn, peer), daemon=True).start()
             except RuntimeError:  # no thread to spare
+                self._unauthenticated.release()
                 conn.close()
 
     def _serve(self, conn, peer):
@@ -326,6 +336,15 @@ class MasterControl:
         deadline = threading.Timer(AUTH_TIMEOUT_S, lambda: stream.received or stream.close())
         deadline.daemon = True
         deadline.start()
+        holds_place = True  # one of the MAX_UNAUTHENTICATED
+
+        def done_waiting():
+            nonlocal holds_place
+            deadline.cancel()
+            if holds_place:
+                holds_place = False
+                self._unauthenticated.release()
+
         try:
             conn.settimeout(AUTH_TIMEOUT_S)
             _keepalive(conn)
@@ -341,7 +360,7 @@ class MasterControl:
                 if message is None:
                     break
                 conn.settimeout(None)  # authenticated: may stay for the whole job
-                deadline.cancel()
+                done_waiting()
                 if not _valid(message):
                     self.drops.note(peer, "authenticated, but a malformed %r message"
                                     % message["type"][:40])
@@ -351,7 +370,7 @@ class MasterControl:
                     self._handle(message)
         except OSError:
             pass
-        deadline.cancel()
+        done_waiting()  # authenticated or gone: either way its place is free
         # A worker whose link closes before the verdict has lost its `train`.
         with self._cond:
             lost = [h for h, s in self.links.items() if s is stream]
