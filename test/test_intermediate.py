@@ -452,8 +452,10 @@ def test_s3_down_never_fails_the_job(tmp_path, s3_server, bucket):
 for i in range(5):
     write("f%d.txt" % i, b"data")
 """
+    # botocore's own attempts at a dead port take up to about 3 s (backoffs
+    # of up to 1 s then 2 s) before the first failure is counted.
     job, env = s3_job(tmp_path, script, bucket, s3_server, s3_endpoint=dead,
-                      SM_INTERMEDIATE_DRAIN_SECONDS=2)
+                      SM_INTERMEDIATE_DRAIN_SECONDS=6)
     r = run_ok(job, env)
     assert job.exists("output", "success")
     status = job.status()["intermediate"]
