@@ -51,14 +51,14 @@ AGENT_STARTED = re.compile(r"^I\d{4} (\d\d):(\d\d):(\d\d\.\d+) .*Starting elasti
 def agents_started(logs, t0):
     """Seconds from `t0` (wall clock) until the last host's torchrun agent
     started, from each host's stderr (None when a log lacks the line)."""
+    midnight = datetime.datetime.fromtimestamp(t0).replace(
+        hour=0, minute=0, second=0, microsecond=0).timestamp()
     starts = []
     for text in logs:
         m = AGENT_STARTED.search(text)
         if m is None:
             return None
-        day = datetime.datetime.fromtimestamp(t0).replace(hour=0, minute=0, second=0,
-                                                          microsecond=0)
-        starts.append(day.timestamp() + int(m.group(1)) * 3600 + int(m.group(2)) * 60
+        starts.append(midnight + int(m.group(1)) * 3600 + int(m.group(2)) * 60
                       + float(m.group(3)) - t0)
     return max(starts)
 

@@ -12,11 +12,11 @@ from training_toolkit import rank
 
 LAUNCHER = """
 import os, subprocess, sys, time
-# Start the wrapper the way torchrun does (its own session), then wait.
-subprocess.Popen([sys.executable, "-m", "training_toolkit.rank", "--", sys.executable, "-c",
-                  "import time; time.sleep(300)"], start_new_session=True)
+# Start the wrapper as torchrun does (its own session, rank.command), then wait.
+subprocess.Popen(%r + [sys.executable, "-c", "import time; time.sleep(300)"],
+                 start_new_session=True)
 time.sleep(300)
-"""
+""" % (rank.command(),)
 
 
 def _wait_for_pid_file(ranks_dir, timeout=30):

@@ -331,8 +331,8 @@ class MasterControl:
 
     def _serve(self, conn, peer):
         stream = _Stream(conn, self.key, TO_WORKER, TO_MASTER, _nonce())
-        # The socket timeout bounds each read; a peer that trickles a byte at
-        # a time would pass it forever, so authentication has a deadline too.
+        # One deadline for the whole authentication (a per-read timeout would
+        # let a peer that trickles a byte at a time stay forever).
         deadline = threading.Timer(AUTH_TIMEOUT_S, lambda: stream.received or stream.close())
         deadline.daemon = True
         deadline.start()
@@ -346,7 +346,6 @@ class MasterControl:
                 self._unauthenticated.release()
 
         try:
-            conn.settimeout(AUTH_TIMEOUT_S)
             _keepalive(conn)
             stream.greet()
             while True:
@@ -359,8 +358,7 @@ class MasterControl:
                     continue
                 if message is None:
                     break
-                conn.settimeout(None)  # authenticated: may stay for the whole job
-                done_waiting()
+                done_waiting()  # authenticated: may stay for the whole job
                 if not _valid(message):
                     self.drops.note(peer, "authenticated, but a malformed %r message"
                                     % message["type"][:40])

@@ -9,7 +9,7 @@ import stat
 from . import log, params, report
 from .environment import Environment
 from .errors import CodeNotFoundError, ConfigError, ExecuteUserScriptError
-from .paths import entry_point_path, is_populated, resolves_inside
+from .paths import entry_point_path, is_populated
 from .report import Reporter
 from .runners import RunnerType, load, load_for
 from .runners.plan import COMMAND, PYTHON_PACKAGE, entry_kind
@@ -74,15 +74,14 @@ def install_dependencies(env, supervisor):
     v3_job = env.v3_job
     if v3_job is None:
         return pip_install(env.code_dir, supervisor, env.job_python)
+    from .v3 import check_requirements
+
     requirements = v3_job.requirements
     if requirements == "auto":  # JumpStart: requirements.txt when there is one
         requirements = "requirements.txt"
         if not os.path.isfile(os.path.join(env.code_dir, requirements)):
             return
-    if requirements and not resolves_inside(env.code_dir, requirements):
-        raise ConfigError("requirements file %r resolves outside the code dir %s (a link "
-                          "leading out)" % (requirements, env.code_dir),
-                          path=env.paths.source_code_file, field="requirements")
+    check_requirements(env.paths, requirements)  # again, now that its links are here
     if requirements and not os.path.isfile(os.path.join(env.code_dir, requirements)):
         raise CodeNotFoundError("requirements file %r not found in %s"
                                 % (requirements, env.code_dir), uri=env.paths.source_code_file)

@@ -153,6 +153,16 @@ def validate_builtin(runner, config, path):
         raise ConfigError(str(e), path=path) from None
 
 
+def check_requirements(paths, requirements):
+    """pip reads the SourceCode's requirements file: it must lie in the code
+    dir, named plainly or reached through links."""
+    if requirements and requirements != "auto" and not resolves_inside(paths.v3_code_dir,
+                                                                       requirements):
+        raise ConfigError("requirements file %r resolves outside the code dir %s"
+                          % (requirements[:200], paths.v3_code_dir),
+                          path=paths.source_code_file, field="requirements")
+
+
 def read(paths, distributed_doc, source_code):
     """The V3Job of the tree at `paths`, from its distributed.json and
     sourcecode.json documents (None when absent) and its sm_train.sh."""
@@ -174,10 +184,7 @@ def read(paths, distributed_doc, source_code):
                 path=paths.source_code_file, field=field)
     entry = source_code.get("entry_script") or None
     requirements = source_code.get("requirements") or None
-    if requirements and requirements != "auto" and (
-            os.path.isabs(requirements) or os.pardir in requirements.split("/")):
-        raise ConfigError("must name a file inside source_dir (pip reads it), got %r"
-                          % requirements[:200], path=paths.source_code_file, field="requirements")
+    check_requirements(paths, requirements)  # as far as the path goes; again after the fetch
     source_dir = source_code.get("source_dir") or ""
     archive = os.path.basename(source_dir) if source_dir.endswith(".tar.gz") else None
     train_script_file = os.path.join(paths.drivers_dir, "sm_train.sh")
