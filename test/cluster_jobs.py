@@ -44,7 +44,9 @@ class ClusterJob:
         self.src = os.path.join(self.root, "src")
         os.makedirs(self.src, exist_ok=True)
         for name, text in files.items():
-            with open(os.path.join(self.src, name), "w") as f:
+            path = os.path.join(self.src, name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
                 f.write(textwrap.dedent(text))
         self.hosts = ["algo-%d" % (i + 1) for i in range(n)]
         self.roots = {h: os.path.join(self.root, h) for h in self.hosts}

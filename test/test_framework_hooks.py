@@ -10,13 +10,11 @@ resolves (15 min of retries), so the jobs run on simulated hosts, where
 import json
 import os
 import shutil
-import subprocess
-import sys
-import tarfile
 
 import pytest
 
 from cluster_jobs import ClusterJob, require_cluster
+from dlc_hooks import extract_package, move_import_line, require_client
 
 torch = pytest.importorskip("torch")
 
@@ -25,43 +23,13 @@ CLIENT = "sagemaker-pytorch-training==3.0.0"
 IMPORT_LINE = "from sagemaker_training import entry_point, environment, errors, runner"
 
 
-def download_client(cache):
-    """The client's sdist, from the cache or PyPI; None when unreachable."""
-    os.makedirs(cache, exist_ok=True)
-    found = [f for f in os.listdir(cache) if f.startswith("sagemaker_pytorch_training-3.0.0")]
-    if not found:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                        "--no-binary", ":all:", CLIENT, "-d", cache],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
-        found = [f for f in os.listdir(cache)
-                 if f.startswith("sagemaker_pytorch_training-3.0.0")]
-    return os.path.join(cache, found[0]) if found else None
-
-
 @pytest.fixture(scope="module")
 def hook_dir(tmp_path_factory):
     require_cluster()
-    cache = os.environ.get("TRAINING_TOOLKIT_CLIENTS_DIR") or os.path.expanduser(
-        "~/.cache/training-toolkit/clients")
-    sdist = download_client(cache)
-    if sdist is None:
-        if os.environ.get("TRAINING_TOOLKIT_REQUIRE_CLIENTS") == "1":
-            pytest.fail("cannot download %s" % CLIENT)
-        pytest.skip("%s cannot be downloaded here" % CLIENT)
+    sdist = require_client(CLIENT)
     out = tmp_path_factory.mktemp("hook")
-    package = out / "sagemaker_pytorch_container"
-    package.mkdir()
-    with tarfile.open(sdist) as archive:
-        for member in archive.getmembers():
-            if "/src/sagemaker_pytorch_container/" in member.name and \
-                    member.name.endswith(".py"):
-                text = archive.extractfile(member).read().decode()
-                (package / os.path.basename(member.name)).write_text(text)
-    training = package / "training.py"
-    source = training.read_text()
-    assert source.count(IMPORT_LINE) == 1, "the client's import line changed"
-    training.write_text(source.replace(IMPORT_LINE, IMPORT_LINE.replace(
-        "sagemaker_training", "training_toolkit")))
+    package = extract_package(sdist, "sagemaker_pytorch_container", out)
+    move_import_line(os.path.join(package, "training.py"), IMPORT_LINE)
     return str(out)
 
 
@@ -111,7 +79,7 @@ def test_one_process_job_gets_its_hyperparameters_as_argv(tmp_path, hook_dir):
                               {"epochs": 3, "lr": 0.5, "name": "resnet", "flag": True})
     assert code == 0, err[-3000:]
     report = json.loads(job.read("algo-1", "model", "report.json"))
-    assert report["argv"] == ["--epochs", "3", "--flag", "true", "--lr", "0.5",
+    assert report["argv"] == ["--epochs", "3", "--flag", "True", "--lr", "0.5",
                               "--name", "resnet"]
     # What the hook itself sets before it runs the script reaches the script.
     assert report["master"] == "algo-1" and report["nccl_if"] == "eth0"

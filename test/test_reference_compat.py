@@ -598,13 +598,18 @@ HETERO_RC = {"current_host": "algo-3", "current_instance_type": "ml.c5.xlarge",
 ENCODED_HPS = {"sagemaker_program": '"train.py"', "sagemaker_submit_directory": '"s3://b/k.tar.gz"',
                "sagemaker_region": '"us-west-2"', "epochs": "3", "lr": "0.1", "name": '"abc"',
                "with-dash": '"x"', "layers": "[1, 2]", "raw": "not json",
+               # A mixed set: the argv must be the reference's (True, [1, 2], k=v pairs,
+               # -k for one letter), and a tuning trial's static sagemaker_job_name
+               # must not be the job's name (TRAINING_JOB_NAME is).
+               "flag": "true", "off": "false", "d": '{"k": "v", "a": 1}', "b": "7",
+               "nested": '{"x": [1, {"y": null}]}', "none": "null",
+               "sagemaker_job_name": '"tuning-job-static"',
                "sagemaker_mpi_enabled": "true", "sagemaker_distribution_instance_groups":
                '["train"]'}
-# Where we differ on purpose (README, "Moving a framework toolkit over"):
-# argv values are JSON (true, [1,2]), not str() (True, [1, 2]); is_modelparallel_enabled
-# is a bool (the reference returns the variable's value or None); SM_TRAINING_ENV
-# holds more fields; the toolkit exports more variables than the reference.
-OWN_ARGV_FORMAT = {"SM_USER_ARGS", "SM_TRAINING_ENV"}
+# Where we differ on purpose (docs/compatibility.md): is_modelparallel_enabled is a
+# bool (the reference returns the variable's value or None); SM_TRAINING_ENV holds
+# more fields; the toolkit exports more variables than the reference.
+MORE_FIELDS = {"SM_TRAINING_ENV"}
 
 
 @pytest.mark.parametrize("documents", [
@@ -627,12 +632,113 @@ def test_environment_matches(both, documents):
             continue
         assert ours["properties"][name] == value, name
     for name, value in ref["env_vars"].items():
-        if name not in OWN_ARGV_FORMAT:
+        if name not in MORE_FIELDS:
             assert ours["env_vars"][name] == value, name
     ref_training_env = json.loads(ref["env_vars"]["SM_TRAINING_ENV"])
     ours_training_env = json.loads(ours["env_vars"]["SM_TRAINING_ENV"])
     for name, value in ref_training_env.items():
         if name != "is_modelparallel_enabled":
             assert ours_training_env[name] == value, name
-    assert [a.replace("[1,2]", "[1, 2]").replace("true", "True") for a in ours["cmd_args"]] \
-        == ref["cmd_args"]
+    assert ours["cmd_args"] == ref["cmd_args"]
+    assert ours["properties"]["job_name"] == ref["properties"]["job_name"] == "job-1"
+
+
+# Both `train`s, the reference's console script and ours, on identical job
+# trees: what a user's script and a framework hook see, and how a job ends.
+REFERENCE_TRAIN = os.path.join(os.path.dirname(REFERENCE_PYTHON), "train")
+
+
+def run_trains(tmp_path, files, entry_point="train.py", hyperparameters=None, env=None):
+    """-> {"ref": (exit code, failure text, report), "ours": ...}. The report
+    is what the script wrote to model/report.json (None if it wrote none)."""
+    from jobs import TRAIN, Job
+
+    out = {}
+    for side, train in (("ref", REFERENCE_TRAIN), ("ours", TRAIN)):
+        # The host is `localhost`: the reference's entry_point.run waits up to
+        # 15 minutes for every host name to resolve.
+        job = Job(tmp_path / side, files, entry_point=entry_point,
+                  hyperparameters=hyperparameters, hosts=("localhost",),
+                  current_host="localhost")
+        run_env = {k: v for k, v in job.env(**(env or {})).items()
+                   if not k.startswith("PYTEST")}
+        r = subprocess.run([train], env=run_env, capture_output=True, timeout=120)
+        report = (json.loads(job.read("model", "report.json"))
+                  if job.exists("model", "report.json") else None)
+        failure = job.read("output", "failure") if job.exists("output", "failure") else None
+        out[side] = (r.returncode, failure, report, r.stderr.decode("utf-8", "replace"),
+                     job.paths.code_dir)
+    return out
+
+
+ARGV_REPORT = """
+    import json, os, sys
+    import mylib
+    with open(os.path.join(os.environ["SM_MODEL_DIR"], "report.json"), "w") as f:
+        json.dump({"argv": sys.argv[1:], "user_args": json.loads(os.environ["SM_USER_ARGS"]),
+                   "job_name": json.loads(os.environ["SM_TRAINING_ENV"])["job_name"],
+                   "pythonpath": os.environ["PYTHONPATH"].split(":")}, f)
+"""
+
+
+def test_train_gives_a_script_the_references_argv_job_name_and_pythonpath(tmp_path):
+    """A nested entry point importing the code dir's top-level package, a mixed
+    hyperparameter set, and a tuning trial (a static sagemaker_job_name, its own
+    TRAINING_JOB_NAME): the script sees the same in both."""
+    hps = {"flag": True, "off": False, "lst": [1, 2], "d": {"k": "v", "a": 1}, "n": None,
+           "x": 1.5, "s": "a b", "lr": 0.1, "nested": {"o": [1, {"p": "q"}]},
+           "sagemaker_job_name": "tuning-static"}
+    runs = run_trains(tmp_path, {"scripts/train.py": ARGV_REPORT,
+                                 "mylib/__init__.py": ""}, entry_point="scripts/train.py",
+                      hyperparameters=hps, env={"TRAINING_JOB_NAME": "tuning-trial-007"})
+    (ref_code, _, ref, ref_err, ref_dir), (code, _, ours, err, our_dir) = (runs["ref"],
+                                                                           runs["ours"])
+    assert ref_code == 0, ref_err[-3000:]
+    assert code == 0, err[-3000:]
+    assert ours["argv"] == ref["argv"]
+    assert ours["argv"][:6] == ["-d", "a=1,k=v", "--flag", "True", "--lr", "0.1"]
+    assert ours["user_args"] == ref["user_args"] == ref["argv"]
+    assert ours["job_name"] == ref["job_name"] == "tuning-trial-007"
+    assert ref["pythonpath"][0] == ref_dir and ours["pythonpath"][0] == our_dir
+
+
+HOOK_FAILURES = {
+    "enoent": ("import errno\n"
+               "def main():\n"
+               "    raise FileNotFoundError(errno.ENOENT, 'No such file or directory',"
+               " '/opt/ml/input/data/train/missing.csv')\n"),
+    "generic": "def main():\n    raise RuntimeError('the hook gave up')\n",
+    # An error raised from Training Compiler code (a stand-in tensorflow.compiler.xla).
+    "xla": "from tensorflow.compiler.xla import bridge\ndef main():\n    bridge.compile()\n",
+}
+
+
+@pytest.mark.parametrize("case,exit_code,label", [
+    ("enoent", 2, "Framework Error:"), ("generic", 1, "Framework Error:"),
+    ("xla", 1, "SMTrainingCompiler Error:")])
+def test_a_raising_framework_hook_ends_as_in_the_reference(tmp_path, case, exit_code, label):
+    hooks = tmp_path / "hooks"
+    xla = hooks / "tensorflow" / "compiler" / "xla"
+    xla.mkdir(parents=True)
+    for d in (hooks / "tensorflow", hooks / "tensorflow" / "compiler"):
+        (d / "__init__.py").write_text("")
+    (xla / "__init__.py").write_text("")
+    (xla / "bridge.py").write_text("def compile():\n    raise ValueError('XLA compilation "
+                                   "failed: unsupported op')\n")
+    (hooks / "my_hook.py").write_text(HOOK_FAILURES[case])
+    runs = run_trains(tmp_path, {"train.py": "pass\n"},
+                      env={"SAGEMAKER_TRAINING_MODULE": "my_hook:main",
+                           "PYTHONPATH": str(hooks)})
+    for side in ("ref", "ours"):
+        code, failure, _, err, _ = runs[side]
+        assert code == exit_code, (side, err[-3000:])
+        assert failure.startswith(label), (side, failure)
+    failure = runs["ours"][1]
+    # Then what the toolkit says: the hook, the exit code and the error.
+    assert "the framework hook my_hook:main failed" in failure.splitlines()[0]
+    assert failure.splitlines()[1] == "exit code: %d" % exit_code
+    last = {"enoent": "FileNotFoundError: [Errno 2] No such file or directory: "
+                      "'/opt/ml/input/data/train/missing.csv'",
+            "generic": "RuntimeError: the hook gave up",
+            "xla": "ValueError: XLA compilation failed: unsupported op"}[case]
+    assert last in failure

@@ -124,7 +124,7 @@ def test_argv_with_shell_metacharacters_and_unicode(tmp_path):
               hyperparameters={"text": nasty, "x": 1.5, "flag": False, "empty": ""})
     r = job.run()
     assert r.returncode == 0, r.stderr.decode()
-    assert seen(job)["argv"] == ["--empty", "", "--flag", "false", "--text", nasty, "-x", "1.5"]
+    assert seen(job)["argv"] == ["--empty", "", "--flag", "False", "--text", nasty, "-x", "1.5"]
 
 
 def test_shell_entry_point_receives_args(tmp_path):

@@ -328,7 +328,10 @@ class Environment(collections.abc.Mapping):
             job_python=job_python,
             log_level=log_level,
             framework_module=environ.get(params.TRAINING_MODULE_ENV),
-            job_name=sagemaker_hps.get(params.JOB_NAME) or environ.get(params.TRAINING_JOB_ENV),
+            # The platform's name of this job (each tuning trial has its own, while
+            # sagemaker_job_name is the tuning job's), as the reference takes it;
+            # the hyperparameter only where the platform sets none (a local run).
+            job_name=environ.get(params.TRAINING_JOB_ENV) or sagemaker_hps.get(params.JOB_NAME),
             region=(sagemaker_hps.get(params.REGION) or environ.get(params.REGION_ENV)
                     or environ.get("AWS_DEFAULT_REGION")),
             s3_output=sagemaker_hps.get(params.S3_OUTPUT),

@@ -49,6 +49,11 @@ class ToolkitError(Exception):
     def kind(self):
         return type(self).__name__
 
+    @property
+    def label(self):
+        """What the failure file's first line starts with."""
+        return self.kind
+
 
 class InternalError(ToolkitError):
     exit_code = 70
@@ -157,6 +162,37 @@ class UnsupportedFormatError(ClientError):
 
 class ImportModuleError(ClientError):
     exit_code = 78
+
+
+# Where SageMaker Training Compiler code lives: an exception raised from there
+# is labelled as the compiler's, as the reference labels it.
+TRAINING_COMPILER_PATHS = ("tensorflow/compiler/xla", "tensorflow/compiler/tf2xla",
+                           "tensorflow/python/compiler/xla", "torch_xla/")
+
+
+class FrameworkError(ClientError):
+    """A framework hook (SAGEMAKER_TRAINING_MODULE) raised. The failure file
+    starts with the reference's label, `Framework Error:` or, for an error
+    from Training Compiler code, `SMTrainingCompiler Error:`, which
+    monitoring matches in FailureReason. The exit code is the exception's
+    errno where it has one that an exit status can carry, as in the
+    reference, else 1."""
+
+    def __init__(self, hook, error, traceback_text):
+        super().__init__("the framework hook %s failed:\n%s" % (hook, traceback_text))
+        self.compiler = any(path in traceback_text for path in TRAINING_COMPILER_PATHS)
+        code = getattr(error, "errno", None)
+        if isinstance(code, int) and not isinstance(code, bool) and 0 < code < 256:
+            self.exit_code = code
+        # The tail of a failed user process the hook's error came from, if any.
+        cause = error
+        while cause is not None and not isinstance(cause, _CalledProcessError):
+            cause = cause.__cause__ or cause.__context__
+        self.stderr_tail = cause.stderr_tail if cause is not None else b""
+
+    @property
+    def label(self):
+        return "SMTrainingCompiler Error" if self.compiler else "Framework Error"
 
 
 class _CalledProcessError(ClientError):

@@ -2,26 +2,17 @@
 for framework toolkits that import them: env vars and command lines from a
 dict, splitting a dict by keys, and a Mapping over an object's properties.
 
-`to_cmd_args` here is the reference's: every value is ``str()``-ed (``True``,
-``[1, 2]``, dicts as ``k=v,k2=v2``). The toolkit's own command lines come from
-`params.to_cmd_args`, which JSON-encodes non-strings (``true``, ``[1,2]``) as
-the contract asks; both exist on purpose.
+`to_cmd_args` is the one the job's own command line comes from
+(`params.to_cmd_args`): every value ``str()``-ed (``True``, ``[1, 2]``, dicts
+as ``k=v,k2=v2``), as in the reference.
 """
 import collections
 import collections.abc
 
-from .params import format_env_value
+from .params import as_text as _decode  # the reference's name, for toolkits that call it
+from .params import format_env_value, to_cmd_args  # noqa: F401 - the reference's names
 
 SplitResultSpec = collections.namedtuple("SplitResultSpec", "included excluded")
-
-
-def _decode(obj):
-    """`obj` as text: None -> '', bytes as latin1, anything else str()."""
-    if obj is None:
-        return ""
-    if isinstance(obj, bytes):
-        return obj.decode("latin1")
-    return str(obj)
 
 
 def to_env_vars(mapping):
@@ -30,29 +21,6 @@ def to_env_vars(mapping):
     the name ''."""
     return {("SM_%s" % str(key).upper() if key else ""): format_env_value(value)
             for key, value in mapping.items()}
-
-
-def _arg_name(key):
-    name = _decode(key)
-    if not name:
-        return ""
-    return ("-%s" if len(name) == 1 else "--%s") % name
-
-
-def _arg_value(value):
-    if hasattr(value, "items"):
-        return ",".join("%s=%s" % item for item in sorted(value.items()))
-    return _decode(value)
-
-
-def to_cmd_args(mapping):
-    """``--key value`` pairs, keys sorted, one-letter keys ``-k``; values
-    ``str()``-ed, dict values as ``k=v,k2=v2`` (sorted), None as ''."""
-    args = []
-    for key in sorted(mapping):
-        args.append(_arg_name(key))
-        args.append(_arg_value(mapping[key]))
-    return args
 
 
 def split_by_criteria(dictionary, keys=None, prefix=None):

@@ -140,19 +140,34 @@ def format_env_value(value):
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+def as_text(value):
+    """A value as the reference's command line writes it: None as '', bytes
+    as latin1, anything else str() (True, [1, 2])."""
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        return value.decode("latin1")
+    return str(value)
+
+
 def format_arg_value(value):
-    """argv value of a hyperparameter: strings raw, everything else JSON
-    (so booleans become `true`/`false`)."""
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    """argv value of a hyperparameter, as sagemaker_training writes it:
+    str() of the value (True, [1, 2]), a dict as k=v pairs joined with
+    commas, keys sorted. Scripts written since 2018 parse this format
+    (`== "True"`, ast.literal_eval, splitting on `,` and `=`); the values
+    as JSON are in SM_HPS and SM_HP_<KEY>."""
+    if hasattr(value, "items"):
+        return ",".join("%s=%s" % item for item in sorted(value.items()))
+    return as_text(value)
 
 
 def to_cmd_args(hyperparameters):
-    """``--key value`` pairs, keys sorted; one-letter keys get a single dash."""
+    """The reference's command line of a job (`mapping.to_cmd_args`):
+    ``--key value`` pairs, keys sorted, one-letter keys ``-k``."""
     args = []
     for key in sorted(hyperparameters):
-        args.append(("-%s" if len(key) == 1 else "--%s") % key)
+        name = as_text(key)
+        args.append(("-%s" if len(name) == 1 else "--%s") % name if name else "")
         args.append(format_arg_value(hyperparameters[key]))
     return args
 

@@ -80,7 +80,7 @@ def root_cause(error):
     """One line saying why the job failed: the error summary plus, for a user
     failure, the last non-empty stderr line (an exception's message)."""
     lines = [l for l in summary(error).splitlines() if l.strip()]
-    line = "%s: %s" % (error.kind, lines[0] if lines else "")
+    line = "%s: %s" % (error.label, lines[0] if lines else "")
     if len(lines) > 1:
         line += " | " + lines[-1].strip()
     if isinstance(error, ExecuteUserScriptError):
@@ -96,7 +96,7 @@ def failure_text(error):
     then the rest of the summary and the end of the user's stderr, within
     the first 1024 characters; then the whole stderr tail."""
     lines = summary(error).splitlines() or [""]
-    head = "%s: %s\nexit code: %d\n" % (error.kind, _shorten(one_line(lines[0]), SUMMARY_CHARS),
+    head = "%s: %s\nexit code: %d\n" % (error.label, _shorten(one_line(lines[0]), SUMMARY_CHARS),
                                          error.exit_code)
     head += "".join(l + "\n" for l in _quoted(lines[1:]))
     tail = _tail_text(getattr(error, "stderr_tail", b""))

@@ -10,11 +10,17 @@ import time
 
 from . import entry_point, log, params
 from .environment import Environment
-from .errors import (ClientError, ConfigError, InternalError, OutputWriteError, ToolkitError,
-                     UsageError)
+from .errors import (ClientError, ConfigError, FrameworkError, InternalError, OutputWriteError,
+                     ToolkitError, UsageError)
 from .paths import JobPaths
 from .report import Reporter
 from .supervise import Supervisor, Terminated
+
+
+# The reference's names (sagemaker_training.trainer); a failure exits with
+# its own code here (see errors).
+SUCCESS_CODE = 0
+DEFAULT_FAILURE_CODE = 1
 
 
 def grace_seconds(environ=os.environ):
@@ -105,7 +111,7 @@ def train(argv=()):
         supervisor.grace_seconds = grace_seconds()
         env = Environment.read(paths)
         log.set_level(env.log_level)
-        reporter.set(host=env.current_host)
+        reporter.set(host=env.current_host, job_name=env.job_name)
         reporter.end()
         for d in (paths.model_dir, paths.output_data_dir, paths.output_intermediate_dir):
             try:
@@ -116,8 +122,11 @@ def train(argv=()):
             _start_intermediate_sync(env, reporter)
         hook = None if command else env.framework_module
         if hook:
+            from .runners.plan import plain_names
+
             reporter.begin("framework")
             reporter.set(runner="framework:" + hook)
+            os.environ.update(plain_names(env))  # where the reference's hooks find them
             call_framework_hook(hook)
             reporter.end()
         else:
@@ -138,8 +147,7 @@ def train(argv=()):
         import traceback
 
         if hook:
-            error = ClientError("the framework hook %s failed:\n%s"
-                                % (hook, traceback.format_exc()))
+            error = FrameworkError(hook, sys.exc_info()[1], traceback.format_exc())
         else:
             error = InternalError("unexpected error in training-toolkit (please report it):\n%s"
                                   % traceback.format_exc())
@@ -209,7 +217,7 @@ def _succeed(reporter):
 def _fail(reporter, error):
     _drain_intermediate_sync(reporter)
     mine = reporter.failed(error)
-    log.error("%s: %s%s" % (error.kind, error.message.splitlines()[0] if error.message else "",
+    log.error("%s: %s%s" % (error.label, error.message.splitlines()[0] if error.message else "",
                             "" if mine else " (keeping the failure file the job wrote)"))
     return error.exit_code
 

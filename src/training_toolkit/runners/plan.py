@@ -110,16 +110,42 @@ def user_program(env, entry_point, args):
             program_argv(env.code_dir, entry_point, args, env.job_python, packages))
 
 
-def base_env(env, extra=None):
-    """Variables every user process gets: the SM_* contract, unbuffered
-    Python, and the few plain names the reference also exports."""
-    out = env.to_env_vars()
-    out["PYTHONUNBUFFERED"] = "1"
-    out["CURRENT_HOST"] = env.current_host
+def python_path(env, environ=None):
+    """PYTHONPATH of the user's processes, as the reference sets it: the code
+    dir first (a script in a subdirectory imports the code's top-level
+    packages, from any working directory), then this interpreter's sys.path
+    when the job runs on it. Another interpreter (TRAINING_TOOLKIT_PYTHON)
+    keeps its own site-packages: it gets the code dir, then the PYTHONPATH
+    the image set, and never the toolkit's."""
+    if os.path.abspath(env.job_python) == os.path.abspath(sys.executable):
+        rest = sys.path
+    else:
+        rest = (os.environ if environ is None else environ).get("PYTHONPATH", "").split(":")
+    parts = [env.code_dir]
+    for entry in rest:
+        if entry and entry not in parts:
+            parts.append(entry)
+    return ":".join(parts)
+
+
+def plain_names(env):
+    """The plain variables the reference's Environment() writes into its
+    process's environment (framework hooks read them: the TensorFlow DLC's
+    needs SAGEMAKER_REGION), and the platform's job name."""
+    out = {params.CURRENT_HOST_ENV: env.current_host, params.REGION_NAME_ENV: env.region or "",
+           params.JOB_NAME_ENV: env.job_name or ""}
     if env.job_name:
         out[params.TRAINING_JOB_ENV] = env.job_name
-    if env.region:
-        out["SAGEMAKER_REGION"] = env.region
+    return out
+
+
+def base_env(env, extra=None):
+    """Variables every user process gets: the SM_* contract, PYTHONPATH,
+    unbuffered Python, and the plain names of `plain_names`."""
+    out = env.to_env_vars()
+    out["PYTHONPATH"] = python_path(env)
+    out["PYTHONUNBUFFERED"] = "1"
+    out.update(plain_names(env))
     if extra:
         out.update(extra)
     return out
