@@ -84,6 +84,11 @@ CASES = [
     ("mpi", dict(entry_script="train_mpi.py"), "mpi", HPS),
     ("command", dict(command="python3 train.py --mode cmd", args=["--note", "two words"]), None,
      HPS),
+    # The toolkit's way for SourceCode users: sm_train.sh runs `train`, which runs the
+    # entry script with the DistributedConfig's runner (README, "SDK v3 job trees").
+    ("train_mpi", dict(entry_script="train_mpi.py", command="train"), "mpi", HPS),
+    ("train_torchrun", dict(entry_script="train_dist.py", command="train"), "torchrun", HPS),
+    ("train_script", dict(entry_script="train.py", command="train"), None, HPS),
 ]
 
 SM_DRIVERS_KEEP = ("sm_train.sh", "sourcecode.json", "distributed.json")

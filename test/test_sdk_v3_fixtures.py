@@ -22,7 +22,7 @@ REGEN = os.path.join(REPO, "scripts", "regen_sdk_v3_fixtures.py")
 SDK_PYTHON = os.environ.get("TRAINING_TOOLKIT_SDK_PYTHON", "/opt/sagemaker-train-sdk/bin/python")
 
 CASES = ["script", "script_sh", "requirements", "custom_driver", "custom_driver_fail", "torchrun",
-         "mpi", "command"]
+         "mpi", "command", "train_mpi", "train_torchrun", "train_script"]
 # Files of the fixture tree that no regeneration writes.
 HAND_WRITTEN = {"README.md", "resourceconfig/real.json"}
 INPUT_DIRS = ("_code/", "_custom_driver/")
@@ -37,6 +37,7 @@ EXPECTED_DRIVER = {
     "torchrun": "torchrun_driver.py",
     "mpi": "mpi_driver.py",
     "command": None,
+    "train_mpi": None, "train_torchrun": None, "train_script": None,  # the command: `train`
 }
 EXPECTED_DISTRIBUTED = {
     "script": "{}",
@@ -47,10 +48,17 @@ EXPECTED_DISTRIBUTED = {
     "torchrun": '{"process_count_per_node": 2, "smp": null}',
     "mpi": '{"process_count_per_node": 2, "mpi_additional_options": null}',
     "command": "{}",
+    # A DistributedConfig is written beside a command too.
+    "train_mpi": '{"process_count_per_node": 2, "mpi_additional_options": null}',
+    "train_torchrun": '{"process_count_per_node": 2, "smp": null}',
+    "train_script": "{}",
 }
 EXPECTED_ENTRY = {"script": "train.py", "script_sh": "run.sh", "requirements": "train.py",
                   "custom_driver": "train.py", "custom_driver_fail": "train.py",
-                  "torchrun": "train_dist.py", "mpi": "train_mpi.py", "command": None}
+                  "torchrun": "train_dist.py", "mpi": "train_mpi.py", "command": None,
+                  # entry_script is kept beside a command (the SDK only warns).
+                  "train_mpi": "train_mpi.py", "train_torchrun": "train_dist.py",
+                  "train_script": "train.py"}
 HPS = {"epochs": "3", "lr": "0.1", "name": "abc", "flag": "true", "layers": "[1, 2]", "b": "7",
        "with-dash": "x"}
 DEFAULT_IGNORE = [".env", ".git", "__pycache__", ".DS_Store", ".cache", ".ipynb_checkpoints"]
@@ -173,6 +181,8 @@ def test_sourcecode_json(case):
     if case == "command":
         assert sc["command"] == "python3 train.py --mode cmd"
         assert sc["args"] == ["--note", "two words"]
+    elif case.startswith("train_"):
+        assert sc["command"] == "train" and sc["args"] is None
     else:
         assert sc["command"] is None and sc["args"] is None
 

@@ -246,6 +246,35 @@ def test_mpi_two_processes_per_host(tmp_path, layout):
             assert info["hostname"] == info["sm_current_host"]
 
 
+def test_source_code_command_train_runs_the_script_with_the_configs_runner(tmp_path, layout):
+    """SourceCode(entry_script=..., command="train") with MPI, Torchrun or no
+    DistributedConfig: sm_train.sh would run `train`, and `train` runs the
+    entry script with the toolkit's runner for the config (the trees of the
+    SDK's own code; the real SDK runs them in test_sdk_local_mode.py)."""
+    pytest.importorskip("mpi4py")
+    for case, runner, prefix in (("train_mpi", "mpi", "mpi-rank-"),
+                                 ("train_script", "process", "report")):
+        cluster = start(tmp_path / case, layout, case)
+        codes, err = cluster.run()
+        assert_succeeded(cluster, codes, err, runner)
+        found = [n for h in cluster.hosts for n in os.listdir(cluster.path(h, "model"))
+                 if n.startswith(prefix)]
+        assert len(found) == (2 * len(cluster.hosts) if runner == "mpi" else len(cluster.hosts))
+        # The hyperparameters reach the script as the SDK's drivers pass them.
+        first = read_json(cluster, cluster.hosts[0], "model", sorted(found)[0])
+        assert first["argv"] == SCRIPT_ARGV, first
+
+
+def test_source_code_command_train_with_torchrun(tmp_path, layout):
+    pytest.importorskip("torch")
+    cluster = start(tmp_path, layout, "train_torchrun")
+    codes, err = cluster.run()
+    assert_succeeded(cluster, codes, err, "torchrun")
+    world = 2 * len(cluster.hosts)
+    result = read_json(cluster, "algo-1", "model", "allreduce-algo-1.json")
+    assert result["world_size"] == world and result["argv"] == SCRIPT_ARGV
+
+
 def test_tar_gz_source_dir_is_extracted_in_the_code_channel(tmp_path):
     """SourceCode(source_dir="....tar.gz"): the code channel holds the archive,
     and sm_train.sh extracts it there before it runs the driver."""

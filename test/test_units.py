@@ -273,6 +273,46 @@ def test_v3_command_runs_in_bash_with_its_args(tmp_path):
     assert v3_env({}, base=base, source_code=source).v3_job.command == "bash run.sh 'a b'"
 
 
+def command_heredoc(command):
+    return ("CMD=$(cat <<'SAGEMAKER_BASE_COMMAND_EOF'\n%s\nSAGEMAKER_BASE_COMMAND_EOF\n)\n"
+            "eval \"$CMD\"\n" % command)
+
+
+@pytest.mark.parametrize("command", ["train", "train train", "/usr/local/bin/train",
+                                     "  train  "])
+def test_source_code_command_train_runs_the_configs_runner(tmp_path, command):
+    """SourceCode(command="train"): sm_train.sh runs `train`, which must run
+    the entry script with the DistributedConfig's runner, not itself again."""
+    base = str(tmp_path)
+    write_train_script(base, command_heredoc(command))
+    source = {"entry_script": "train_mpi.py", "command": command.strip()}
+    cases = [({"process_count_per_node": 2, "mpi_additional_options": None}, RunnerType.MPI),
+             ({"process_count_per_node": 2, "smp": None}, RunnerType.TorchDistributed),
+             ({}, RunnerType.Process)]
+    for doc, runner in cases:
+        env = v3_env(doc, base=base, source_code=source)
+        assert env.v3_job.command is None and select(env) is runner
+        assert env.user_entry_point == "train_mpi.py"
+        assert env.to_cmd_args() == []
+
+
+def test_source_code_command_train_needs_an_entry_script(tmp_path):
+    base = str(tmp_path)
+    write_train_script(base, command_heredoc("train"))
+    with pytest.raises(ConfigError, match="entry_script.*runs training-toolkit"):
+        v3_env({}, base=base, source_code={"entry_script": None, "command": "train"})
+    # Another command that merely starts with `train` runs as a command.
+    write_train_script(base, command_heredoc("train -- python3 x.py"))
+    env = v3_env({}, base=base, source_code={"entry_script": None,
+                                             "command": "train -- python3 x.py"})
+    assert env.v3_job.runner == "command"
+    # A custom config cannot be run: its driver is not named anywhere.
+    write_train_script(base, command_heredoc("train"))
+    with pytest.raises(ConfigError, match="custom DistributedConfig.*runs 'train' instead"):
+        v3_env({"driver_args": []}, base=base, source_code={"entry_script": "t.py",
+                                                             "command": "train"})
+
+
 def test_v3_args_are_the_sdk_drivers_args():
     env = v3_env({}, hps={"epochs": 3, "b": 7, "flag": True, "layers": [1, 2], "name": "abc"})
     assert env.to_cmd_args() == ["--epochs", "3", "--b", "7", "--flag", "true", "--layers",

@@ -107,6 +107,22 @@ def command_line(source_code):
     return " ".join(parts)
 
 
+# The commands that start this toolkit's default flow (`train`, and `train
+# train` as SageMaker starts an image).
+TOOLKIT_COMMANDS = (["train"], ["train", "train"])
+
+
+def is_this_toolkit(command):
+    """Whether SourceCode.command starts `train`'s own default flow."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return False
+    if words:
+        words[0] = os.path.basename(words[0])
+    return words in TOOLKIT_COMMANDS
+
+
 def cmd_args(hyperparameters):
     """argv of the v3 drivers: `--key value` for every key (one-letter keys
     too), in the document's order; strings raw, everything else JSON."""
@@ -116,11 +132,14 @@ def cmd_args(hyperparameters):
     return args
 
 
-def _builtin_by_fields(config, path):
+def _builtin_by_fields(config, path, unnamed=None):
     """The built-in config a bare distributed.json is, when its fields say so
-    unambiguously (no sm_train.sh to name the driver)."""
+    unambiguously. `unnamed` says why no driver is named (default: there is
+    no sm_train.sh, which names it)."""
     if not config:
         return "process"
+    unnamed = unnamed or ("sm_train.sh, which names the driver, is missing from %s"
+                          % os.path.dirname(path))
     keys = set(config)
     fits = [runner for runner, fields in BUILTIN_DRIVERS.values() if keys <= fields]
     telling = [runner for runner, fields in BUILTIN_DRIVERS.values()
@@ -128,14 +147,12 @@ def _builtin_by_fields(config, path):
     if len(telling) == 1:
         return telling[0]
     if fits:
-        raise ConfigError(
-            "fields %s fit %s alike, and sm_train.sh, which names the driver, is missing "
-            "from %s" % (sorted(keys), _and([RUNNER_CONFIG_CLASS[r] for r in fits]),
-                         os.path.dirname(path)), path=path)
+        raise ConfigError("fields %s fit %s alike, and %s" % (
+            sorted(keys), _and([RUNNER_CONFIG_CLASS[r] for r in fits]), unnamed), path=path)
     raise ConfigError(
         "fields %s are not those of a built-in config (Torchrun, MPI, SMDDP), so this is a "
-        "custom DistributedConfig; its driver is named only in sm_train.sh, which is missing "
-        "from %s" % (sorted(keys), os.path.dirname(path)), path=path)
+        "custom DistributedConfig, whose driver training-toolkit cannot know: %s"
+        % (sorted(keys), unnamed), path=path)
 
 
 def _and(names):
@@ -200,6 +217,16 @@ def read(paths, distributed_doc, source_code):
     command = named_command(train_script) if train_script is not None else None
     if command is None and source_code.get("command"):
         command = command_line(source_code)
+    if command is not None and is_this_toolkit(command):
+        # SourceCode(command="train"): sm_train.sh runs `train`, which runs
+        # the entry script with the DistributedConfig's runner, as if
+        # sm_train.sh had named the SDK's driver (and never itself again).
+        if not entry:
+            raise ConfigError("command %r runs training-toolkit, which needs the entry_script "
+                              "to run" % command, path=paths.source_code_file,
+                              field="entry_script")
+        return job(_builtin_by_fields(
+            config, config_file, "sm_train.sh runs %r instead of a driver" % command))
     if command is not None:
         why = unusable_text(command)
         if why:
