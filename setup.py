@@ -30,9 +30,15 @@ setup(
         "isal",
         "retrying",    # imported by framework hooks (the DLC toolkits) that run on the toolkit
     ],
-    # psutil: the tests prove no process outlives a job; six: the real DLC hook imports it.
+    # psutil: the tests prove no process outlives a job; six: the real DLC hook imports it;
+    # scipy: the encoders' tests write sparse matrices as recordio-protobuf (the encoders
+    # import numpy when called, scipy never: sparse input comes with it); protobuf: as below.
     extras_require={"test": ["pytest", "moto[server]", "hypothesis", "numpy", "mpi4py",
-                             "psutil", "six"],
+                             "psutil", "six", "scipy", "protobuf"],
+                    # recordio-protobuf only (record_pb2's messages, used by recordio and
+                    # encoders.array_to_recordio_protobuf, imported only then): the Record
+                    # classes are protobuf's own; the reference depends on protobuf too.
+                    "recordio": ["protobuf"],
                     # `training-toolkit timeline --out F.png`; SVG needs nothing.
                     "png": ["cairosvg"]},
     entry_points={

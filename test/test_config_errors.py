@@ -242,6 +242,13 @@ CASES = {
                                     ["'a\\x00b'", "NUL"]),
     "hyperparameter-value-with-nul": (_hp_file_edit(v=json.dumps("a\0b")), {},
                                       "hyperparameters_file", ["'v'", "NUL"]),
+    # A NUL inside a dict or list: the argv carries str() of it (the reference's format).
+    "hyperparameter-nested-value-with-nul": (_hp_file_edit(v='{"\\u0000": null}'), {},
+                                             "hyperparameters_file", ["'v'", "NUL"]),
+    "processes-per-host-not-a-count": (_hp_file_edit(
+        sagemaker_torch_distributed_enabled="true",
+        sagemaker_mpi_num_of_processes_per_host='":"'), {}, "hyperparameters_file",
+        ["sagemaker_mpi_num_of_processes_per_host", "number of processes"]),
     "hyperparameter-value-lone-surrogate": (_hp_file_edit(v='"\\ud800"'), {},
                                             "hyperparameters_file", ["'v'", "surrogate"]),
     "job-name-numeric": (_hp_file_edit(sagemaker_job_name="123"), {}, "hyperparameters_file",

@@ -742,3 +742,27 @@ def test_a_raising_framework_hook_ends_as_in_the_reference(tmp_path, case, exit_
             "generic": "RuntimeError: the hook gave up",
             "xla": "ValueError: XLA compilation failed: unsupported op"}[case]
     assert last in failure
+
+
+def test_entry_point_run_takes_a_runner_object(both):
+    """entry_point.run(runner_type=<a runner>), as runner.get() accepts one:
+    the code is fetched and installed, then that runner runs it."""
+    ref, ours = both('''
+        import json
+        entry_point, process = load("entry_point"), load("process")
+        src = os.path.join(os.environ["SAGEMAKER_BASE_DIR"], "src")
+        os.makedirs(src)
+        with open(os.path.join(src, "train.py"), "w") as f:
+            f.write("import json, sys\\n"
+                    "json.dump(sys.argv[1:], open('argv.json', 'w'))\\n"
+                    "sys.exit(int(sys.argv[2]))\\n")
+        code = os.path.join(os.environ["SAGEMAKER_BASE_DIR"], "code")
+        result = {}
+        for exit_code in ("0", "3"):
+            runner = process.ProcessRunner("train.py", ["--exit", exit_code], {}, 1)
+            run = attempt(entry_point.run, src, "train.py", ["--ignored"], runner_type=runner)
+            result[exit_code] = [run.get("raised"),
+                                 json.load(open(os.path.join(code, "argv.json")))]
+    ''', extra_env={"SM_STUDIO_LOCAL_MODE": "true"})  # the reference's DNS wait, off
+    assert ours == ref == {"0": [None, ["--exit", "0"]],
+                           "3": ["ExecuteUserScriptError", ["--exit", "3"]]}

@@ -207,7 +207,12 @@ def run(uri, user_entry_point, args, env_vars=None, wait=True, capture_error=Fal
     ExecuteUserScriptError carrying the user's exit code and stderr tail.
     `capture_error` is accepted for compatibility: stderr is always relayed
     and its tail kept."""
+    from .runner import PlannedRunner
+
     env, supervisor, reporter = current_job()
+    if isinstance(runner_type, PlannedRunner):  # a runner object, as runner.get() takes one
+        prepare(env, supervisor, reporter, uri)
+        return runner_type.run(wait=wait, capture_error=capture_error)
     return execute(env, supervisor, reporter, uri=uri, entry_point=user_entry_point, args=args,
                    runner_type=runner_type, env_vars=env_vars, extra_opts=extra_opts, wait=wait)
 

@@ -86,9 +86,22 @@ def has_module(python, module):
     return _cache[key]
 
 
-def processes_per_host(explicit=None):
+def processes_per_host(explicit=None, path=None):
     """The per-host process count rule shared by every runner: an explicit
-    value, else GPUs, else Neuron cores, else 1."""
-    if explicit:
-        return int(explicit)
-    return num_gpus() or num_neurons() or 1
+    value, else GPUs, else Neuron cores, else 1. An explicit value that is
+    not a count is a ConfigError naming `path` (the file that gave it) and
+    the hyperparameter."""
+    if not explicit:
+        return num_gpus() or num_neurons() or 1
+    try:
+        count = int(explicit)
+    except (TypeError, ValueError, OverflowError):
+        count = 0
+    if count < 1 or isinstance(explicit, bool) or count != explicit and not isinstance(
+            explicit, str):
+        from .errors import ConfigError
+        from .params import MPI_PROCESSES_PER_HOST
+
+        raise ConfigError("must be a number of processes (1 or more), got %r" % (explicit,),
+                          path=path, field=MPI_PROCESSES_PER_HOST)
+    return count

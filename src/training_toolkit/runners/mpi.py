@@ -63,7 +63,8 @@ class MpiSettings:
         fp.update(options or {})
         hosts = env.distribution_hosts
         try:
-            self.per_host = resources.processes_per_host(fp.get(params.MPI_PROCESSES_PER_HOST))
+            self.per_host = resources.processes_per_host(fp.get(params.MPI_PROCESSES_PER_HOST),
+                                                         env.paths.hyperparameters_file)
             total = fp.get(params.MPI_NUM_PROCESSES)
             self.total = int(total) if total else self.per_host * len(hosts)
         except (TypeError, ValueError):

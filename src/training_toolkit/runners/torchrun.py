@@ -37,7 +37,8 @@ class TorchrunSettings:
         self.master = env.master_hostname
         self.port = env.master_port
         self.per_host = resources.processes_per_host(
-            config.get("process_count_per_node") or fp.get(params.MPI_PROCESSES_PER_HOST))
+            config.get("process_count_per_node") or fp.get(params.MPI_PROCESSES_PER_HOST),
+            env.paths.hyperparameters_file)
         restarts = config.get("max_restarts")
         if restarts is None:
             restarts = fp.get(MAX_RESTARTS, 0)
