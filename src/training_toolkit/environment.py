@@ -200,8 +200,8 @@ class Environment(collections.abc.Mapping):
         # Each user hyperparameter becomes SM_HP_<KEY> and `--key value` in argv.
         for key, value in user_hps.items():
             _require_text(key, hp_file, key, variable_name=True)
-            if isinstance(value, str):
-                _require_text(value, hp_file, key)
+            # As the argv carries it: str() of a list or dict keeps a NUL inside.
+            _require_text(params.format_arg_value(value), hp_file, key)
         for key in (params.USER_PROGRAM, params.SUBMIT_DIR, params.REGION, params.JOB_NAME,
                     params.S3_OUTPUT):
             if sagemaker_hps.get(key) is not None:
@@ -268,6 +268,9 @@ class Environment(collections.abc.Mapping):
                  params.DISTRIBUTION_INSTANCE_GROUPS)
         if v3_job is None:
             _check_one_launcher(framework_params, hp_file)
+        if framework_params.get(params.MPI_PROCESSES_PER_HOST):  # checked before any fetch
+            resources.processes_per_host(framework_params[params.MPI_PROCESSES_PER_HOST],
+                                         hp_file)
         unknown = [g for g in dist_groups if groups and g not in groups_dict]
         _require(not unknown, "names instance groups %s, but %s has only %s"
                  % (unknown, rc_file, sorted(groups_dict)), hp_file,
@@ -295,6 +298,11 @@ class Environment(collections.abc.Mapping):
         mp_parameters = user_hps.get("mp_parameters") or environ.get("SM_HP_MP_PARAMETERS")
         channel_dirs = {name: paths.channel_dir(name) for name in input_data_config}
 
+        # The configured interface if this host has it (one stat), else the one
+        # that routes to the master (SDK v3 local mode names "ethwe"): network.py.
+        from .network import interface_for
+        interface = interface_for(interface, master, len(hosts) > 1, rc_file,
+                                  named="network_interface_name" in resource_config)
         values.update(
             hosts=hosts,
             current_host=current_host,
