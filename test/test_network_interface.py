@@ -521,3 +521,54 @@ def test_plan_shows_the_resolved_interface(tmp_path):
         assert [l for l in out.splitlines() if "ethwe" in l and "SM_RESOURCE_CONFIG=" not in l
                 and "SM_TRAINING_ENV=" not in l] == []
         assert "names network interface 'ethwe'" in err and "using 'eth0'" in err
+
+
+# --- mpirun started by others: the MPI image's shim (docker/byo-mpi/mpirun)
+
+SHIM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                    "docker", "byo-mpi", "mpirun")
+
+
+def test_mpirun_argv_replaces_only_missing_interface_names(monkeypatch):
+    have = {"eth0", "lo"}
+    monkeypatch.setattr(network, "exists", lambda name: name in have)
+    asked = []
+
+    def interface_for(name, master, multi_host, config_file, named=True):
+        asked.append((name, master, multi_host))
+        return "eth0"
+
+    monkeypatch.setattr(network, "interface_for", interface_for)
+    argv = ["--host", "algo-1:2,algo-2:2", "-np", "4", "-mca", "btl_tcp_if_include", "ethwe",
+            "--mca", "oob_tcp_if_include", "eth0,ethwe", "-mca", "btl_tcp_if_exclude", "ethwe",
+            "-mca", "btl_tcp_if_include", "10.0.0.0/8", "python3", "-m", "mpi4py", "t.py"]
+    out = network.mpirun_argv(argv)
+    assert out == ["--host", "algo-1:2,algo-2:2", "-np", "4", "-mca", "btl_tcp_if_include",
+                   "eth0", "--mca", "oob_tcp_if_include", "eth0,eth0", "-mca",
+                   "btl_tcp_if_exclude", "ethwe", "-mca", "btl_tcp_if_include", "10.0.0.0/8",
+                   "python3", "-m", "mpi4py", "t.py"]
+    assert asked == [("ethwe", "algo-1", True)] * 2
+
+
+def test_mpirun_shim_passes_names_that_exist_and_rewrites_missing_ones(tmp_path):
+    """The shim itself, with a stand-in for the real mpirun that prints its
+    argv: an existing name costs no Python; a missing one is replaced."""
+    fake = tmp_path / "real-mpirun"
+    fake.write_text("#!/bin/sh\nprintf '%s\\n' \"$@\"\n")
+    fake.chmod(0o755)
+    shim = tmp_path / "mpirun"
+    shim.write_text(open(SHIM).read().replace("real=/usr/bin/mpirun", "real=%s" % fake))
+    shim.chmod(0o755)
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + ":/usr/bin:/bin",
+               SAGEMAKER_BASE_DIR=str(tmp_path / "ml"))
+    r = subprocess.run([str(shim), "-mca", "btl_tcp_if_include", "lo", "x"], env=env,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout.split("\n")[:4] == ["-mca", "btl_tcp_if_include",
+                                                              "lo", "x"], r
+    assert r.stderr == ""
+    r = subprocess.run([str(shim), "-mca", "btl_tcp_if_include", "ethwe", "x"], env=env,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    got = r.stdout.split("\n")[2]
+    assert got != "ethwe" and network.exists(got), r
+    assert "names network interface 'ethwe', which this host lacks; using %r" % got in r.stderr

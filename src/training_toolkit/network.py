@@ -255,3 +255,53 @@ def interface_for(configured, master, multi_host, config_file, named=True):
             _logged.add(line)
             log.warning(line)
     return name
+
+
+# --------------------------------------------------------------------------
+# mpirun started by others (SDK v3's MPI driver), through the MPI image's shim
+
+MPIRUN_INTERFACE_PARAMS = ("btl_tcp_if_include", "oob_tcp_if_include")
+_MPIRUN_HOST_OPTIONS = ("--host", "-host", "-H")
+
+
+def mpirun_argv(argv, config_file=None):
+    """mpirun's `argv` with each interface named in `-mca *_tcp_if_include`
+    that this host lacks replaced as `interface_for` replaces the job's
+    (the route to the first host of `--host`). SDK v3's MPI driver passes
+    resourceconfig.json's name, which its own local mode sets to `ethwe`.
+    Subnets (CIDR) and names this host has are kept."""
+    hosts = []
+    for i, arg in enumerate(argv[:-1]):
+        if arg in _MPIRUN_HOST_OPTIONS:
+            hosts = [h.split(":")[0] for h in argv[i + 1].split(",") if h]
+    out = list(argv)
+    for i in range(len(out) - 2):
+        if out[i] in ("-mca", "--mca") and out[i + 1] in MPIRUN_INTERFACE_PARAMS:
+            out[i + 2] = ",".join(
+                name if "/" in name or exists(name) else
+                interface_for(name, hosts[0] if hosts else None, len(hosts) > 1, config_file)
+                for name in out[i + 2].split(","))
+    return out
+
+
+def main(argv=None):
+    """`python -m training_toolkit.network --mpirun MPIRUN ARGS...`: exec
+    MPIRUN with `mpirun_argv(ARGS)` (docker/byo-mpi/mpirun); 78 when no
+    interface reaches the master, naming the field."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) < 2 or argv[0] != "--mpirun":
+        print("usage: python -m training_toolkit.network --mpirun MPIRUN [ARGS...]",
+              file=sys.stderr)
+        return 64
+    from .paths import JobPaths
+
+    try:
+        args = mpirun_argv(argv[2:], JobPaths.from_environ().resource_config_file)
+    except ConfigError as e:
+        log.error("mpirun: %s" % e)
+        return e.exit_code
+    os.execv(argv[1], [argv[1]] + args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
