@@ -294,12 +294,12 @@ def test_sdk_mpi_driver_across_two_containers(images, tmp_path):
     mpi_driver.py starts sshd, the hosts reach each other with paramiko and
     ssh, the master runs mpirun and tells the worker it is done. The SDK
     asks mpirun for `-np 2` (the count per host) over `algo-1:2,algo-2:2`:
-    two ranks, both on algo-1. Local mode names the interface `ethwe`,
-    which a container on an engine's network does not have (mpirun fails:
-    see docker/README.md); the resource config here names `eth0`, as
-    SageMaker's does. As compose does, the worker is stopped once the
-    master has exited (it would otherwise poll for the done file every 30 s)."""
-    job = V3Job(tmp_path, "mpi", 2, interface="eth0")
+    two ranks, both on algo-1. The resource config names local mode's
+    `ethwe`, which the containers lack: the image's mpirun shim passes the
+    interface that routes to the master instead (docker/README.md) and says
+    so. As compose does, the worker is stopped once the master has exited (it
+    would otherwise poll for the done file every 30 s)."""
+    job = V3Job(tmp_path, "mpi", 2)
     with V3Cluster(images["byo-mpi"], job) as cluster:
         cluster.start()
         assert cluster.wait(timeout=240, hosts=["algo-1"]) == {"algo-1": 0}, cluster.out()
@@ -313,6 +313,7 @@ def test_sdk_mpi_driver_across_two_containers(images, tmp_path):
     done = master.index("Writing /tmp/done.algo-1 to algo-2")
     assert master.index("Finished writing status file", done) > done, master
     assert "Training Container Execution Completed" in master
+    assert "names network interface 'ethwe', which this host lacks; using 'eth0'" in master
     for rank in (0, 1):
         info = job.model("mpi-rank-%d.json" % rank)
         assert info["size"] == 2 and info["sum"] == 3 and info["sm_current_host"] == "algo-1"
