@@ -129,14 +129,15 @@ def test_download_and_extract_missing_source(tmp_path):
         files.download_and_extract(str(tmp_path / "nope.tar.gz"), str(tmp_path / "code"))
 
 
-def test_codeartifact_is_refused_not_ignored(tmp_path, monkeypatch):
+def test_codeartifact_malformed_arn_is_a_config_error(tmp_path, monkeypatch):
+    """CodeArtifact itself: test_install_codeartifact.py (a loopback server)."""
     monkeypatch.setenv(modules.CA_REPOSITORY_ARN_ENV,
-                       "arn:aws:codeartifact:us-east-1:123456789012:repository/d/r")
+                       "arn:aws:codeartifact:us-east-1:123456789012:domain/d")
     (tmp_path / "requirements.txt").write_text("six\n")
     for call in (modules.install_requirements, modules.install):
         with pytest.raises(errors.ConfigError) as e:
             call(str(tmp_path))
-        assert "CodeArtifact" in str(e.value) and e.value.exit_code == 78
+        assert "CA_REPOSITORY_ARN" in str(e.value) and e.value.exit_code == 78
 
 
 def test_install_requirements_failure_carries_pip_output(tmp_path, monkeypatch):

@@ -4,13 +4,17 @@ and importing user code from a code URI.
 
 pip runs under the toolkit's Supervisor, as the default flow's installs do:
 its stderr is relayed and its tail kept, so the error raised on failure always
-carries pip's output (``capture_error`` is accepted for the call shape).
+carries pip's output (``capture_error`` is accepted for the call shape). With
+CA_REPOSITORY_ARN set, pip installs from that CodeArtifact repository (see
+`install`).
 """
 import importlib
 import os
 
+from .errors import InstallModuleError, InstallRequirementsError
+
 DEFAULT_MODULE_NAME = "default_user_module_name"
-CA_REPOSITORY_ARN_ENV = "CA_REPOSITORY_ARN"
+CA_REPOSITORY_ARN_ENV = "CA_REPOSITORY_ARN"  # install.CA_REPOSITORY_ARN_ENV
 
 _SETUP_PY = """from setuptools import setup
 
@@ -53,43 +57,36 @@ def prepare(path, name):
     files.write_file(os.path.join(path, "MANIFEST.in"), _MANIFEST_IN)
 
 
-def _refuse_codeartifact():
-    if os.environ.get(CA_REPOSITORY_ARN_ENV):
-        from .errors import ConfigError
-
-        raise ConfigError("CodeArtifact indexes are not supported yet: install the "
-                          "requirements from PyPI or a URL, or unset it",
-                          field=CA_REPOSITORY_ARN_ENV)
-
-
-def _pip(label, extra_args, path, supervisor):
-    from .install import install_error, pip_install
+def _pip(label, extra_args, path, supervisor, package):
+    """pip install `extra_args` in `path`, through the CodeArtifact repository
+    CA_REPOSITORY_ARN names, if any (the reference's `-i` index)."""
+    from .install import index_from_environ, pip_install, run_pip
 
     if supervisor is None:
         from .supervise import Supervisor
 
         supervisor = Supervisor()
     argv = pip_install() + extra_args
-    outcome = supervisor.run(argv, cwd=path)
-    if outcome.exit_code != 0:
-        raise install_error(label, argv, path, outcome)
+    error_class = InstallModuleError if package else InstallRequirementsError
+    index = index_from_environ(error_class, argv)
+    run_pip(label, argv, path, supervisor, index=index, package=package)
 
 
 def install(path, capture_error=False, *, supervisor=None):
     """pip-install the dir `path` (and its requirements.txt, if any) into this
-    Python. Raises InstallModuleError carrying pip's stderr tail."""
+    Python, with one pip command as the reference does. Raises
+    InstallModuleError carrying pip's stderr tail, whichever of the two
+    failed (the reference's class)."""
     extra = ["."]
     if has_requirements(path):
-        _refuse_codeartifact()
         extra += ["-r", "requirements.txt"]
-    _pip("package", extra, path, supervisor)
+    _pip("package", extra, path, supervisor, package=True)
 
 
 def install_requirements(path, capture_error=False, *, supervisor=None):
     """pip-install `path`/requirements.txt into this Python. Raises
     InstallRequirementsError carrying pip's stderr tail."""
-    _refuse_codeartifact()
-    _pip("requirements", ["-r", "requirements.txt"], path, supervisor)
+    _pip("requirements", ["-r", "requirements.txt"], path, supervisor, package=False)
 
 
 def import_module(uri, name=DEFAULT_MODULE_NAME):

@@ -91,3 +91,17 @@ def one_line(text):
     """`text` with line breaks and other control characters (tab excepted)
     escaped, so that it cannot forge a line of a report or a log."""
     return str(text).translate(_CONTROL)
+
+
+def scrub(data, secrets):
+    """`data` (str or bytes, e.g. a block of a child's output) with every
+    occurrence of each of `secrets` (strings the toolkit knows are secret,
+    such as an index token) replaced by MASK."""
+    for secret in secrets:
+        if not secret:
+            continue
+        if isinstance(data, (bytes, bytearray)):
+            data = bytes(data).replace(secret.encode("utf-8"), MASK.encode())
+        else:
+            data = data.replace(secret, MASK)
+    return data
