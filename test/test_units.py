@@ -348,3 +348,57 @@ def test_torchrun_plan_multi_node_and_efa():
                                   rc={"current_host": "algo-1", "hosts": ["algo-1"]}),
                            "train.py", [])
     assert "--standalone" in single.command.argv
+
+
+def test_every_numeric_setting_has_one_reader_and_one_error_policy():
+    from training_toolkit.errors import ConfigError
+
+    for name, (kind, minimum, maximum, default) in params.SETTINGS.items():
+        assert params.setting({}, name) == default
+        assert params.setting({name: "  "}, name) == default
+        assert params.setting({name: str(minimum if minimum is not None else 1)}, name) \
+            == (minimum if minimum is not None else 1)
+        bad = ["abc", "nan", "inf", "-inf", "1_0", "\u0663"]
+        if minimum is not None:
+            bad.append(str(minimum - 1))
+        if maximum is not None:
+            bad.append(str(maximum + 1))
+        if kind is int:
+            bad.append("2.5")
+        for raw in bad:
+            with pytest.raises(ConfigError) as e:
+                params.setting({name: raw}, name)
+            assert e.value.exit_code == 78 and str(e.value).startswith(name + ": "), raw
+
+
+def test_one_table_of_log_levels():
+    """Every name the job may give (sagemaker_container_log_level) sets the
+    level Python's logging gives it: CRITICAL, FATAL, WARN and NOTSET too."""
+    import logging
+
+    from training_toolkit import log
+
+    try:
+        for name, number in log.LEVELS.items():
+            assert logging.getLevelName(name) == number or (name, number) == ("WARN", 30)
+            for spelled in (name, name.lower()):
+                env = Environment(RC, {}, {"sagemaker_container_log_level": spelled},
+                                  paths=JobPaths("/job"), environ={})
+                log.set_level(env.log_level)
+                assert log._state["level"] == number
+    finally:
+        log.set_level(20)
+
+
+def test_v3_config_fills_the_legacy_framework_parameters():
+    """A framework hook picks its runner from the legacy switches (the PyTorch
+    DLC's from sagemaker_torch_distributed_enabled): a v3 built-in config
+    sets them as the legacy tree would."""
+    fp = v3_env({"process_count_per_node": 2, "smp": None}).additional_framework_parameters
+    assert fp["sagemaker_torch_distributed_enabled"] is True
+    assert fp["sagemaker_mpi_num_of_processes_per_host"] == 2
+    fp = v3_env({"process_count_per_node": 3, "mpi_additional_options": None}
+                ).additional_framework_parameters
+    assert fp["sagemaker_mpi_enabled"] is True
+    assert fp["sagemaker_mpi_num_of_processes_per_host"] == 3
+    assert v3_env({}).additional_framework_parameters == {}

@@ -51,10 +51,9 @@ import socket
 import threading
 import time
 
-from . import log
+from . import log, params
 
-CONTROL_PORT_ENV = "TRAINING_TOOLKIT_CONTROL_PORT"
-DEFAULT_CONTROL_PORT = 7780
+CONTROL_PORT_ENV = params.CONTROL_PORT_ENV
 JOB_SECRET_ENV = "TRAINING_TOOLKIT_JOB_SECRET"
 MAX_LINE = 64 * 1024
 # 8 Ki characters, JSON-escaped at worst 6 bytes each, fit a line.
@@ -75,7 +74,7 @@ _FIELDS = {
 
 
 def control_port(environ):
-    return int(environ.get(CONTROL_PORT_ENV) or DEFAULT_CONTROL_PORT)
+    return params.setting(environ, CONTROL_PORT_ENV)
 
 
 # -- the key ------------------------------------------------------------------

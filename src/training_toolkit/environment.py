@@ -13,7 +13,7 @@ import json
 import os
 import sys
 
-from . import params, resources
+from . import log, params, resources
 from .errors import ConfigError
 from .paths import DEFAULT_BASE_DIR, JobPaths, entry_point_path, resolves_inside
 
@@ -224,6 +224,8 @@ class Environment(collections.abc.Mapping):
             if source_code is None:
                 source_code = read_json(paths.source_code_file, None)
             v3_job = v3.read(paths, distributed, source_code)
+            for key, value in v3_job.framework_parameters().items():
+                framework_params.setdefault(key, value)
             if v3_job.entry_script:
                 entry_point = v3_job.entry_script
                 entry_point_source = (paths.source_code_file, "entry_script")
@@ -289,10 +291,10 @@ class Environment(collections.abc.Mapping):
         if isinstance(log_level, str) and log_level.strip().removeprefix("-").isdecimal():
             log_level = int(log_level)
         _require(isinstance(log_level, int) and not isinstance(log_level, bool)
-                 or isinstance(log_level, str) and log_level.upper() in LEVEL_NAMES,
+                 or isinstance(log_level, str) and log_level.upper() in log.LEVELS,
                  "must be a level number (10, 20, ...) or name (%s), got %s"
-                 % (", ".join(LEVEL_NAMES), _shown(log_level)), hp_file, params.LOG_LEVEL)
-        master_port = _master_port(environ)
+                 % (", ".join(log.LEVELS), _shown(log_level)), hp_file, params.LOG_LEVEL)
+        master_port = params.setting(environ, params.MASTER_PORT_ENV)
         if environ.get(params.S3_ENDPOINT_ENV):
             _check_endpoint_url(environ[params.S3_ENDPOINT_ENV])
         mp_parameters = user_hps.get("mp_parameters") or environ.get("SM_HP_MP_PARAMETERS")
@@ -492,22 +494,10 @@ def _check_one_launcher(framework_params, hp_file):
                           path=hp_file)
 
 
-def _master_port(environ):
-    raw = environ.get("SM_MASTER_PORT")
-    if not raw:
-        return params.DEFAULT_MASTER_PORT
-    port = raw.strip()
-    _require(port.isascii() and port.isdigit() and 0 < int(port) < 65536,
-             "must be a TCP port number (1-65535), got %r" % raw, None, "SM_MASTER_PORT")
-    return int(port)
-
-
 # botocore's own test of an endpoint's host name (utils.is_valid_endpoint_url).
 _HOST_NAME = r"^((?!-)[A-Z\d-]{1,63}(?<!-)\.)*((?!-)[A-Z\d-]{1,63}(?<!-))$"
 
 
-# The names Python's logging knows (`logging.getLevelName`), without importing it.
-LEVEL_NAMES = ("CRITICAL", "FATAL", "ERROR", "WARNING", "WARN", "INFO", "DEBUG", "NOTSET")
 
 
 def _check_endpoint_url(url):

@@ -31,16 +31,13 @@ import shutil
 import threading
 import time
 
-from . import errors
+from . import errors, params
 from .paths import is_populated
 from . import log as toolkit_log
 
-DEADLINE_ENV = "TRAINING_TOOLKIT_FETCH_DEADLINE_S"
-TIMEOUT_ENV = "TRAINING_TOOLKIT_S3_TIMEOUT_S"
-PROGRESS_ENV = "TRAINING_TOOLKIT_PROGRESS_S"
-DEFAULT_DEADLINE_S = 600.0
-DEFAULT_TIMEOUT_S = 60.0
-DEFAULT_PROGRESS_S = 5.0
+DEADLINE_ENV = params.FETCH_DEADLINE_ENV
+TIMEOUT_ENV = params.S3_TIMEOUT_ENV
+PROGRESS_ENV = params.PROGRESS_ENV
 
 _MB = 1e6
 _MiB = 1 << 20
@@ -111,17 +108,8 @@ def fetch_code(uri, code_dir, *, endpoint_url=None, region=None, deadline_s=None
     raise errors.CodeNotFoundError("code not found: %s does not exist" % uri, uri)
 
 
-def _env_seconds(name, default):
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = 0.0
-    if not seconds > 0:  # also refuses nan
-        raise errors.ConfigError("expected a positive number of seconds, got %r" % value, field=name)
-    return seconds
+def _env_seconds(name):
+    return params.setting(os.environ, name)
 
 
 # --------------------------------------------------------------------------
@@ -349,17 +337,17 @@ def _fetch_s3(uri, code_dir, endpoint_url, region, deadline_s, log):
     if not bucket or not key:
         raise errors.CodeFetchError("malformed S3 URI %s: expected s3://bucket/key" % uri, uri)
     if deadline_s is None:
-        deadline_s = _env_seconds(DEADLINE_ENV, DEFAULT_DEADLINE_S)
+        deadline_s = _env_seconds(DEADLINE_ENV)
     start = time.monotonic()
     deadline = start + deadline_s
     # A stalled socket must be noticed before the deadline, not after it.
-    timeout_s = min(_env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT_S), deadline_s)
+    timeout_s = min(_env_seconds(TIMEOUT_ENV), deadline_s)
     client = _s3_client(endpoint_url, region, timeout_s)
     log("fetching %s from %s, within %g s" % (uri, client.meta.endpoint_url, deadline_s))
     retry = _Retry(uri, deadline_s, deadline, log)
     size = retry.call(lambda: client.head_object(Bucket=bucket, Key=key)["ContentLength"], "HEAD")
     log("downloading %s (%.1f MB)" % (uri, size / _MB))
-    progress = _Progress(uri, size, log, _env_seconds(PROGRESS_ENV, DEFAULT_PROGRESS_S))
+    progress = _Progress(uri, size, log, _env_seconds(PROGRESS_ENV))
     with _S3ObjectStream(client, bucket, key, size, retry, progress) as stream:
         count = _extract_safely(stream, code_dir, uri)
     elapsed = time.monotonic() - start

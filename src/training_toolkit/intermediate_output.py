@@ -48,8 +48,7 @@ import time
 
 from . import log, params
 
-DRAIN_ENV = "SM_INTERMEDIATE_DRAIN_SECONDS"
-DEFAULT_DRAIN_SECONDS = 60.0
+DRAIN_ENV = params.DRAIN_ENV
 # Concurrent S3 requests: whole small files, or parts of large ones.
 CONCURRENCY = 10
 MULTIPART_THRESHOLD = 8 * 2**20
@@ -87,12 +86,7 @@ _active = {"sync": None}
 
 def drain_seconds(environ=os.environ):
     """SM_INTERMEDIATE_DRAIN_SECONDS, default 60 (0 or less: no drain)."""
-    raw = environ.get(DRAIN_ENV, "").strip()
-    try:
-        return float(raw) if raw else DEFAULT_DRAIN_SECONDS
-    except ValueError:
-        log.warning("%s=%r is not a number: using %g s" % (DRAIN_ENV, raw, DEFAULT_DRAIN_SECONDS))
-        return DEFAULT_DRAIN_SECONDS
+    return params.setting(environ, DRAIN_ENV)
 
 
 def destination(s3_output, job_name=None, host=None):
@@ -418,9 +412,9 @@ class IntermediateSync:
         from s3transfer.manager import TransferConfig, TransferManager
         from s3transfer.subscribers import BaseSubscriber
 
-        from .fetch import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, _env_seconds, _s3_client
+        from .fetch import TIMEOUT_ENV, _env_seconds, _s3_client
 
-        timeout_s = self.timeout_s or _env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)
+        timeout_s = self.timeout_s or _env_seconds(TIMEOUT_ENV)
         client = _s3_client(self.endpoint_url, self.region, timeout_s,
                             max_attempts=REQUEST_ATTEMPTS,
                             max_pool_connections=2 * CONCURRENCY + 2)

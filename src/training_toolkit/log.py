@@ -9,11 +9,17 @@ from .redact import one_line
 
 PREFIX = "[training-toolkit] "
 _state = {"level": 20}
+# The level names sagemaker_container_log_level may take, as Python's logging
+# names them (`logging.getLevelName`), without importing logging: the one
+# table both the job's validation and set_level read.
+LEVELS = {"CRITICAL": 50, "FATAL": 50, "ERROR": 40, "WARNING": 30, "WARN": 30, "INFO": 20,
+          "DEBUG": 10, "NOTSET": 0}
 
 
 def set_level(level):
+    """A level number, or a name of LEVELS (any case)."""
     if isinstance(level, str):
-        level = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40}.get(level.upper(), 20)
+        level = LEVELS[level.upper()]
     _state["level"] = int(level)
 
 

@@ -71,6 +71,29 @@ DEFAULT_GRACE_SECONDS = 110.0
 MAX_GRACE_SECONDS = 86400  # a day: longer is a mistake, and timers cannot wait forever
 DEFAULT_MASTER_PORT = 7777
 
+# Numeric settings (environment variables), each read by `setting` alone and
+# all checked when `train` starts (`check_settings`): name -> (kind, minimum,
+# maximum, default). A bad value is exit 78 naming the variable.
+DRAIN_ENV = "SM_INTERMEDIATE_DRAIN_SECONDS"   # 0 or less: no drain
+CONTROL_PORT_ENV = "TRAINING_TOOLKIT_CONTROL_PORT"
+SSH_DEADLINE_ENV = "TRAINING_TOOLKIT_SSH_DEADLINE_S"
+FETCH_DEADLINE_ENV = "TRAINING_TOOLKIT_FETCH_DEADLINE_S"
+S3_TIMEOUT_ENV = "TRAINING_TOOLKIT_S3_TIMEOUT_S"
+PROGRESS_ENV = "TRAINING_TOOLKIT_PROGRESS_S"
+TREE_SPAWN_ENV = "TRAINING_TOOLKIT_MPI_TREE_SPAWN_HOSTS"
+MASTER_PORT_ENV = "SM_MASTER_PORT"
+SETTINGS = {
+    MASTER_PORT_ENV: (int, 1, 65535, DEFAULT_MASTER_PORT),
+    GRACE_ENV: (float, 0, MAX_GRACE_SECONDS, DEFAULT_GRACE_SECONDS),
+    DRAIN_ENV: (float, None, MAX_GRACE_SECONDS, 60.0),
+    CONTROL_PORT_ENV: (int, 1, 65535, 7780),
+    SSH_DEADLINE_ENV: (float, 0, None, 600.0),
+    FETCH_DEADLINE_ENV: (float, 1e-3, None, 600.0),
+    S3_TIMEOUT_ENV: (float, 1e-3, None, 60.0),
+    PROGRESS_ENV: (float, 1e-3, None, 5.0),
+    TREE_SPAWN_ENV: (int, 1, None, 64),
+}
+
 # Names of sagemaker_training.params, for framework toolkits that import them.
 # A reference name with the meaning of a name above is that same constant.
 USER_PROGRAM_PARAM = USER_PROGRAM
@@ -170,6 +193,39 @@ def to_cmd_args(hyperparameters):
         args.append(("-%s" if len(name) == 1 else "--%s") % name if name else "")
         args.append(format_arg_value(hyperparameters[key]))
     return args
+
+
+def setting(environ, name):
+    """The numeric setting `name` (a key of SETTINGS) from `environ`, or its
+    default when it is unset or blank. A value that is not a number of the
+    setting's kind within its bounds (nan and inf included) is a ConfigError
+    naming the variable (exit 78)."""
+    kind, minimum, maximum, default = SETTINGS[name]
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:  # plain ASCII digits: int() and float() also take "1_000" and other scripts' digits
+        value = kind(raw) if raw.isascii() and "_" not in raw else None
+    except ValueError:
+        value = None
+    if value is None or value != value or value in (float("inf"), float("-inf")) or (
+            minimum is not None and value < minimum) or (
+            maximum is not None and value > maximum):
+        from .errors import ConfigError
+
+        bounds = ("from %g to %g" % (minimum, maximum) if None not in (minimum, maximum)
+                  else "of %g or more" % minimum if minimum is not None
+                  else "up to %g" % maximum if maximum is not None else "")
+        raise ConfigError("must be %s %s, got %r" % (
+            "a whole number" if kind is int else "a number", bounds, raw), field=name)
+    return value
+
+
+def check_settings(environ):
+    """Every numeric setting of SETTINGS, read once so that a bad one is
+    refused before anything runs."""
+    for name in SETTINGS:
+        setting(environ, name)
 
 
 def is_true(value):

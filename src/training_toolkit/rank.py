@@ -82,7 +82,7 @@ def main(argv=None):
     host = env.get("SM_CURRENT_HOST", "localhost")
     address, _, port = env.get(CONTROL_ENV, "").rpartition(":")
 
-    from . import proctree
+    from . import params, proctree
     from .control import job_key, send_once
     from .paths import JobPaths
     from .supervise import Supervisor
@@ -96,7 +96,7 @@ def main(argv=None):
         if key is not None:
             send_once(address, int(port), key, message)
 
-    grace = float(env.get("SM_TERMINATION_GRACE_SECONDS") or 110)
+    grace = params.setting(env, params.GRACE_ENV)  # checked by this host's `train`
     supervisor = Supervisor(grace)
     signal.signal(signal.SIGTERM, lambda s, f: supervisor.terminate())
     signal.signal(signal.SIGINT, lambda s, f: supervisor.terminate())

@@ -7,19 +7,15 @@ import socket
 import subprocess
 import time
 
-from . import proctree, resources
+from . import params, proctree, resources
 from .errors import ClusterError, MissingProgramError
 
 SSH_PORT = 22
-DEADLINE_ENV = "TRAINING_TOOLKIT_SSH_DEADLINE_S"
-DEFAULT_DEADLINE_S = 600.0
+DEADLINE_ENV = params.SSH_DEADLINE_ENV
 
 
 def deadline_seconds(environ):
-    try:
-        return float(environ.get(DEADLINE_ENV) or DEFAULT_DEADLINE_S)
-    except ValueError:
-        return DEFAULT_DEADLINE_S
+    return params.setting(environ, DEADLINE_ENV)
 
 
 def listening(port=SSH_PORT, address="127.0.0.1"):

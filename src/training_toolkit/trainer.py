@@ -27,17 +27,7 @@ def grace_seconds(environ=os.environ):
     """SM_TERMINATION_GRACE_SECONDS, checked: the kill timer cannot wait on
     inf or 1e12 (its thread would die, and `train` never kill), and nan or a
     negative value would kill at once."""
-    raw = environ.get(params.GRACE_ENV)
-    if not raw:
-        return params.DEFAULT_GRACE_SECONDS
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = None
-    if seconds is None or not 0 <= seconds <= params.MAX_GRACE_SECONDS:  # nan too
-        raise ConfigError("must be a number of seconds from 0 to %d, got %r"
-                          % (params.MAX_GRACE_SECONDS, raw), field=params.GRACE_ENV)
-    return seconds
+    return params.setting(environ, params.GRACE_ENV)
 
 
 # The job's intermediate-output sync (only when sagemaker_s3_output is set),
@@ -108,6 +98,7 @@ def train(argv=()):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # a pending one is handled here
         reporter.begin("contract")
         command = explicit_command(list(argv))
+        params.check_settings(os.environ)
         supervisor.grace_seconds = grace_seconds()
         env = Environment.read(paths)
         log.set_level(env.log_level)

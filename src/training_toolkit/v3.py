@@ -42,6 +42,10 @@ BUILTIN_DRIVERS = {
                                             "communication_options"))),
 }
 RUNNER_CONFIG_CLASS = {"torchrun": "Torchrun", "mpi": "MPI", "smddp": "SMDDP"}
+# The legacy hyperparameter that asks for each built-in config's runner.
+LEGACY_SWITCHES = {"torchrun": "sagemaker_torch_distributed_enabled",
+                   "mpi": "sagemaker_mpi_enabled",
+                   "smddp": "sagemaker_distributed_dataparallel_enabled"}
 
 _DRIVER_LINE = re.compile(r"^[ \t]*\$SM_PYTHON_CMD\s+\S*/%s/([^\s/'\"]+)\s*$" % DRIVERS_SUBDIR,
                           re.M)
@@ -71,6 +75,17 @@ class V3Job:
     @property
     def is_distributed(self):
         return self.runner not in ("process", "command")
+
+    def framework_parameters(self):
+        """The legacy framework parameters that ask for what this job runs (a
+        built-in config's switch and its processes per host): framework hooks,
+        the DLCs' among them, pick their runner from these."""
+        if self.runner not in LEGACY_SWITCHES:
+            return {}
+        out = {LEGACY_SWITCHES[self.runner]: True}
+        if self.config.get("process_count_per_node"):
+            out["sagemaker_mpi_num_of_processes_per_host"] = self.config["process_count_per_node"]
+        return out
 
 
 def drivers_path(paths, script=""):

@@ -36,8 +36,7 @@ MPI_OPTIONS = (
 # starts those of its children over SSH, `routed_radix` children each) rather
 # than all from the master. Below it, the master's ssh sessions cost little:
 # they run through the connections that the readiness check opened.
-TREE_SPAWN_ENV = "TRAINING_TOOLKIT_MPI_TREE_SPAWN_HOSTS"
-DEFAULT_TREE_SPAWN_HOSTS = 64
+TREE_SPAWN_ENV = params.TREE_SPAWN_ENV
 # mpirun's --tag-output tags each piece it reads from a rank, not each line:
 # when a rank writes faster than mpirun's output drains, a line arrives in two
 # pieces and the second is tagged again, mid-line. Pieces are joined again per
@@ -89,10 +88,7 @@ class MpiSettings:
         self.master = env.master_hostname
         self.interface = env.network_interface_name
         self.control_port = control.control_port(os.environ)
-        try:
-            self.tree_spawn_hosts = int(os.environ.get(TREE_SPAWN_ENV) or DEFAULT_TREE_SPAWN_HOSTS)
-        except ValueError:
-            raise ConfigError("must be an integer", field=TREE_SPAWN_ENV) from None
+        self.tree_spawn_hosts = params.setting(os.environ, TREE_SPAWN_ENV)
 
     @property
     def tree_spawn(self):
