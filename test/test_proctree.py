@@ -1,13 +1,37 @@
-"""`proctree.Process`: the toolkit's own spawn (fork + exec), run for real."""
+"""`proctree.Process`: the toolkit's own spawn (C fork + exec, through
+setpriv for the parent-death signal), run for real."""
 import errno
+import glob
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 
 import pytest
 
+import training_toolkit
+from training_toolkit import proctree
 from training_toolkit.proctree import Process, StartError
+
+SRC = os.path.dirname(os.path.dirname(os.path.abspath(training_toolkit.__file__)))
+# os.fork's "is multi-threaded" DeprecationWarning (3.12+) vanishes under a
+# plain error::DeprecationWarning (CPython clears it): print it instead, and
+# make every other DeprecationWarning an error (as test_python_legs.py does).
+WARNINGS = ["-W", "error::DeprecationWarning", "-W", "always:This process:DeprecationWarning"]
+
+
+@pytest.fixture(params=["setpriv", "preexec"])
+def launcher(request, monkeypatch):
+    """Each way a Process gets its parent-death signal: through setpriv
+    (no Python in the child), or, where there is none, a preexec_fn."""
+    if request.param == "setpriv":
+        if proctree.setpriv_path() is None:
+            pytest.skip("no setpriv with --pdeathsig here")
+    else:
+        monkeypatch.setattr(proctree, "_setpriv", [None])
+    return request.param
 
 
 def test_exit_status_and_signal_death_read_like_popen():
@@ -17,7 +41,7 @@ def test_exit_status_and_signal_death_read_like_popen():
     assert killed.poll() == -signal.SIGKILL  # stays known after the reap
 
 
-def test_program_is_found_on_the_commands_own_path(tmp_path):
+def test_program_is_found_on_the_commands_own_path(tmp_path, launcher):
     tool = tmp_path / "mytool"
     tool.write_text("#!/bin/sh\nexit 7\n")
     tool.chmod(0o755)
@@ -25,7 +49,7 @@ def test_program_is_found_on_the_commands_own_path(tmp_path):
     assert Process(["mytool"], env=env).wait() == 7
 
 
-def test_script_without_shebang_runs_with_sh(tmp_path):
+def test_script_without_shebang_runs_with_sh(tmp_path, launcher):
     script = tmp_path / "plain"
     script.write_text('echo "$1" > "$2"\n')
     script.chmod(0o755)
@@ -37,15 +61,26 @@ def test_script_without_shebang_runs_with_sh(tmp_path):
 @pytest.mark.parametrize("argv,cwd,code,words", [
     (["no-such-program-xyz"], None, errno.ENOENT, "no such program"),
     (["/bin/true"], "/no/such/dir", errno.ENOENT, "working directory /no/such/dir"),
+    (["/no/such/dir/prog"], None, errno.ENOENT, "no such program"),
+    (["/etc"], None, errno.EACCES, "permission denied"),
 ])
-def test_start_failures_raise_with_a_readable_reason(argv, cwd, code, words):
+def test_start_failures_raise_with_a_readable_reason(argv, cwd, code, words, launcher):
     with pytest.raises(StartError) as caught:
         Process(argv, cwd=cwd)
     assert caught.value.errno == code
     assert words in caught.value.strerror and argv[0] in caught.value.strerror
 
 
-def test_not_executable_and_missing_interpreter(tmp_path):
+def test_arguments_exec_cannot_take_are_start_errors(launcher):
+    with pytest.raises(StartError) as caught:
+        Process(["/bin/true"], env={"A=B": "1"})
+    assert "illegal environment variable name" in caught.value.strerror
+    with pytest.raises(StartError) as caught:
+        Process(["/bin/echo", "a\0b"])
+    assert "null" in caught.value.strerror
+
+
+def test_not_executable_and_missing_interpreter(tmp_path, launcher):
     plain = tmp_path / "data.txt"
     plain.write_text("x")
     with pytest.raises(StartError) as caught:
@@ -57,17 +92,207 @@ def test_not_executable_and_missing_interpreter(tmp_path):
     with pytest.raises(StartError) as caught:
         Process([str(script)])
     assert "#! line" in caught.value.strerror
+    crlf = tmp_path / "crlf.sh"  # "#!/bin/sh\r": the kernel looks for "/bin/sh\r"
+    crlf.write_bytes(b"#!/bin/sh\r\nexit 0\r\n")
+    crlf.chmod(0o755)
+    with pytest.raises(StartError) as caught:
+        Process([str(crlf)])
+    assert caught.value.errno == errno.ENOENT and "#! line" in caught.value.strerror
+    spaced = tmp_path / "spaced.sh"  # spaces before the interpreter, an argument after it
+    spaced.write_text("#! \t/bin/sh -e\nexit 6\n")
+    spaced.chmod(0o755)
+    assert Process([str(spaced)]).wait() == 6
 
 
-def test_own_session_devnull_stdin_and_redirected_output(tmp_path):
+# What the child sees, printed by the child itself.
+CHILD_VIEW = """
+import ctypes, json, os, sys
+def is_open(fd):
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+listed = [int(fd) for fd in os.listdir("/proc/self/fd")]  # (the listing's own fd is closed by now)
+sig = ctypes.c_int()
+ctypes.CDLL(None).prctl(2, ctypes.byref(sig), 0, 0, 0)  # PR_GET_PDEATHSIG
+print(json.dumps({"fds": sorted(fd for fd in listed if is_open(fd)),
+                  "sid": os.getsid(0), "pid": os.getpid(), "cwd": os.getcwd(),
+                  "stdin": os.readlink("/proc/self/fd/0"), "stdin_data": sys.stdin.read(),
+                  "stderr": os.readlink("/proc/self/fd/2"), "pdeathsig": sig.value}))
+"""
+
+
+def test_own_session_devnull_stdin_given_fds_only_cwd_and_pdeathsig(tmp_path, launcher):
     read_end, write_end = os.pipe()
-    proc = Process([sys.executable, "-c",
-                    "import os, sys; print(os.getsid(0) == os.getpid(), repr(sys.stdin.read()))"],
-                   stdout=write_end)
+    err_path = tmp_path / "err.log"
+    inheritable = os.open(os.devnull, os.O_RDONLY)
+    os.set_inheritable(inheritable, True)  # open here, inheritable: still not the child's
+    try:
+        with open(err_path, "wb") as err:
+            proc = Process([sys.executable, "-c", CHILD_VIEW], cwd=str(tmp_path),
+                           stdout=write_end, stderr=err.fileno())
+        os.close(write_end)
+        with os.fdopen(read_end) as out:
+            view = json.loads(out.read())
+        assert proc.wait() == 0, err_path.read_text()
+    finally:
+        os.close(inheritable)
+    assert view["fds"] == [0, 1, 2]
+    assert view["pid"] == proc.pid and view["sid"] == proc.pid != os.getsid(0)
+    assert view["stdin"] == "/dev/null" and view["stdin_data"] == ""
+    assert view["stderr"] == str(err_path)
+    assert view["cwd"] == str(tmp_path)
+    assert view["pdeathsig"] == signal.SIGTERM
+
+
+def test_program_keeps_its_argv0_pid_and_default_sigpipe(tmp_path, launcher):
+    """The program runs as given (argv[0] as written, no wrapper left in
+    its command line, the pid Process reports), with SIGPIPE and SIGXFSZ at
+    their defaults although this Python ignores them."""
+    out = tmp_path / "out"
+    with open(out, "wb") as f:
+        proc = Process(["sh", "-c", 'tr "\\0" " " < /proc/$$/cmdline; echo; echo $$; '
+                        'grep SigIgn /proc/$$/status'], stdout=f.fileno())
+    assert proc.wait() == 0
+    cmdline, pid, sigign = out.read_text().splitlines()
+    assert cmdline.startswith("sh -c ") and "setpriv" not in cmdline
+    assert int(pid) == proc.pid
+    ignored = int(sigign.split()[1], 16)
+    assert not ignored & (1 << (signal.SIGPIPE - 1)) and not ignored & (1 << (signal.SIGXFSZ - 1))
+
+
+def test_relative_program_counts_from_the_working_directory(tmp_path, launcher):
+    tool = tmp_path / "tool"
+    tool.write_text("#!/bin/sh\nexit 5\n")
+    tool.chmod(0o755)
+    assert Process(["./tool"], cwd=str(tmp_path)).wait() == 5
+    with pytest.raises(StartError) as caught:
+        Process(["./tool"], cwd="/")
+    assert caught.value.errno == errno.ENOENT
+
+
+# A parent that starts a child through Process, then waits to be SIGKILLed.
+PDEATHSIG_PARENT = """
+import os, signal, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+from training_toolkit import proctree
+if sys.argv[2] == "preexec":
+    proctree._setpriv[:] = [None]
+threading.Thread(target=time.sleep, args=(600,), daemon=True).start()  # as `train`: threads
+child = proctree.Process([sys.executable, "-c", sys.argv[3], sys.argv[4]])
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+PDEATHSIG_CHILD = """
+import os, signal, sys, time
+def on_term(signum, frame):
+    with open(sys.argv[1] + ".tmp", "w") as f:
+        f.write("SIGTERM")
+    os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+    os._exit(0)
+signal.signal(signal.SIGTERM, on_term)
+open(sys.argv[1] + ".ready", "w").close()
+time.sleep(60)
+"""
+
+
+def test_child_gets_sigterm_when_its_parent_is_sigkilled(tmp_path, launcher):
+    marker = str(tmp_path / "got")
+    parent = subprocess.Popen([sys.executable, "-c", PDEATHSIG_PARENT, SRC, launcher,
+                               PDEATHSIG_CHILD, marker], stdout=subprocess.PIPE)
+    child_pid = None
+    try:
+        child_pid = int(parent.stdout.readline())
+        assert proctree.wait_until(lambda: os.path.exists(marker + ".ready"), 30)
+        parent.kill()
+        parent.wait()
+        assert proctree.wait_until(lambda: os.path.exists(marker), 30), \
+            "the child got no SIGTERM when its parent was SIGKILLed"
+        with open(marker) as f:
+            assert f.read() == "SIGTERM"
+    finally:
+        parent.kill()
+        parent.wait()
+        parent.stdout.close()
+        if child_pid and proctree.alive(child_pid):
+            os.kill(child_pid, signal.SIGKILL)
+
+
+def _interpreters():
+    """Each Python 3.9-3.13 found (pyenv builds, pythonX.Y on PATH), once."""
+    found = {}
+    for minor in range(9, 14):
+        pattern = os.path.expanduser("~/.pyenv/versions/3.%d.*/bin/python3" % minor)
+        paths = sorted(glob.glob(pattern))
+        path = paths[-1] if paths else shutil.which("python3.%d" % minor)
+        if path and os.access(path, os.X_OK) and not path.startswith(
+                os.path.expanduser("~/.pyenv/shims")):
+            found["3.%d" % minor] = path
+    return found
+
+
+MULTITHREADED_START = """
+import os, sys, threading
+sys.path.insert(0, sys.argv[1])
+from training_toolkit import proctree
+from training_toolkit.proctree import Process, StartError
+if sys.argv[2] == "preexec":
+    proctree._setpriv[:] = [None]
+stop = threading.Event()
+threads = [threading.Thread(target=stop.wait) for _ in range(3)]  # relays, control server...
+for t in threads:
+    t.start()
+try:
+    read_end, write_end = os.pipe()
+    proc = Process(["sh", "-c", "echo started in $PWD"], cwd="/tmp", stdout=write_end)
     os.close(write_end)
     with os.fdopen(read_end) as out:
-        assert out.read() == "True ''\n"
-    assert proc.wait() == 0
+        print(out.read().strip(), proc.wait())
+    try:
+        Process(["no-such-program-xyz"])
+    except StartError as e:
+        print(e.strerror)
+finally:
+    stop.set()
+"""
+
+
+@pytest.mark.parametrize("version", ["3.9", "3.10", "3.11", "3.12", "3.13"])
+@pytest.mark.parametrize("way", ["setpriv", "preexec"])
+def test_a_start_from_a_multithreaded_process_prints_no_fork_warning(version, way):
+    """Every supported Python (fork_exec's signature differs between them):
+    a Process started while other threads run prints no DeprecationWarning,
+    where os.fork warned on 3.12 and 3.13."""
+    python = _interpreters().get(version)
+    if python is None:
+        pytest.skip("no Python %s here" % version)
+    if way == "setpriv" and proctree.setpriv_path() is None:
+        pytest.skip("no setpriv with --pdeathsig here")
+    out = subprocess.run([python, "-I"] + WARNINGS + ["-c", MULTITHREADED_START, SRC, way],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+    err = out.stderr.decode()
+    assert out.returncode == 0, err
+    assert "DeprecationWarning" not in err and "multi-threaded" not in err, err
+    assert out.stdout.decode().splitlines() == [
+        "started in /tmp 0", "cannot start no-such-program-xyz: no such program (on the "
+        "command's PATH)"]
+
+
+def test_the_check_would_see_os_forks_warning():
+    """The test above can fail: under the same filter, os.fork from a
+    multi-threaded process prints the warning on 3.12+."""
+    python = _interpreters().get("3.13") or _interpreters().get("3.12")
+    if python is None:
+        pytest.skip("no Python 3.12 or 3.13 here")
+    code = ("import os, threading, time\n"
+            "threading.Thread(target=time.sleep, args=(5,), daemon=True).start()\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n    os._exit(0)\n"
+            "os.waitpid(pid, 0)\n")
+    out = subprocess.run([python, "-I"] + WARNINGS + ["-c", code], stderr=subprocess.PIPE,
+                         timeout=60)
+    assert out.returncode == 0 and "multi-threaded" in out.stderr.decode()
 
 
 def test_wait_with_timeout_then_kill():

@@ -4,7 +4,11 @@ outlives `train`."""
 import errno
 import os
 import signal
+import stat
+import sys
 import time
+
+import _posixsubprocess  # C: 0.2 ms to import, where subprocess takes 7
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_PDEATHSIG = 1
@@ -51,14 +55,27 @@ class StartError(OSError):
 
 class Process:
     """A command started in its own session, with stdin from /dev/null, the
-    given stdout/stderr fds (None: inherited), and SIGTERM if we die.
+    given stdout/stderr fds (None: inherited), no other fd, and SIGTERM if we
+    die.
 
     It offers the part of subprocess.Popen that callers use (args, pid,
     returncode, poll, wait, communicate, send_signal, terminate, kill, and
     `with`), so that `entry_point.run(wait=False)` still hands framework
-    toolkits a Popen-like object. It is started with os.fork and exec rather
-    than subprocess because importing subprocess costs `train` about 7 ms on
-    every job.
+    toolkits a Popen-like object. It is started with subprocess's own C
+    fork/exec (`_posixsubprocess.fork_exec`: session, stdin, fds, working
+    directory and default SIGPIPE/SIGXFSZ are all set in C), not by importing
+    subprocess, which costs `train` about 7 ms on every job. No Python runs
+    between the fork and the exec: `train` has threads by then (relays, the
+    control server, intermediate sync), and a forked child that ran Python
+    could hang before its exec on a lock one of them held (CPython 3.12+
+    warns of it at every os.fork). The parent-death signal is set by
+    util-linux's `setpriv --pdeathsig TERM`, through which the program is
+    exec'd (see setpriv_path); only where there is no such setpriv does one
+    Python call, that prctl, run in the child.
+
+    The signal comes when the *thread* that started the process ends, not
+    only the whole of `train`: start long-lived processes from a thread that
+    outlives them (the main thread does).
     """
 
     def __init__(self, argv, env=None, cwd=None, stdout=None, stderr=None):
@@ -66,42 +83,40 @@ class Process:
         self.returncode = None
         self.stdin = self.stdout = self.stderr = None
         env = os.environ if env is None else env
-        # Resolved before the fork, so the child only execs; a failed exec
-        # comes back through a close-on-exec pipe.
-        candidates = _exec_candidates(self.args[0], env)
-        try:
-            _load_libc()  # not in the child: an import there could be slow or block
-        except OSError:
-            pass  # no C library to load: die_with_parent() is then skipped
+        program = self.args[0]
         if cwd and not os.path.isdir(cwd):
             raise StartError(errno.ENOENT, "cannot start %s: its working directory %s does not exist"
-                             % (self.args[0], cwd))
-        report_r, report_w = os.pipe()
+                             % (program, cwd))
         try:
-            self.pid = os.fork()
+            self.pid = self._start(program, env, cwd, stdout, stderr)
+        except (ValueError, TypeError) as e:  # a NUL byte, a name with "=", a non-string
+            raise StartError(errno.EINVAL, "cannot start %s: %s" % (program, e)) from None
+
+    def _start(self, program, env, cwd, stdout, stderr):
+        # Checked here because the program's own exec happens in setpriv,
+        # from where no errno comes back: what execve would refuse.
+        path, code = _resolve(_exec_candidates(program, env), cwd)
+        if path is None:
+            raise StartError(code, _start_failure(program, code, os.strerror(code)))
+        setpriv = setpriv_path()
+        if setpriv:
+            return _fork_exec(program, [setpriv, "--pdeathsig", "TERM", "--"] + self.args,
+                              setpriv, env, cwd, stdout, stderr, wrapper=True)
+        # No setpriv with --pdeathsig: the program is exec'd straight away,
+        # with the prctl as a preexec_fn, the one Python call in the child.
+        try:
+            _load_libc()  # not in the child: an import there could be slow or block
+            preexec_fn = die_with_parent
         except OSError:
-            os.close(report_r)
-            os.close(report_w)
-            raise
-        if self.pid == 0:  # the child: only os calls from here to exec
-            try:
-                os.close(report_r)
-                _prepare_child(cwd, stdout, stderr, report_w)
-                _exec(candidates, self.args, env)
-            except BaseException as e:  # noqa: B036 - must never return into the parent's code
-                code = getattr(e, "errno", None) or 0
-                os.write(report_w, b"%d:%s" % (code, str(e).encode("utf-8", "replace")))
-            finally:
-                os._exit(127)
-        os.close(report_w)
-        with open(report_r, "rb") as report:
-            failure = report.read()
-        if failure:
-            os.waitpid(self.pid, 0)
-            self.returncode = 127
-            code, _, message = failure.partition(b":")
-            raise StartError(int(code), _start_failure(self.args[0], int(code),
-                                                       message.decode("utf-8", "replace")))
+            preexec_fn = None  # no C library: no parent-death signal
+        try:
+            return _fork_exec(program, self.args, path, env, cwd, stdout, stderr, preexec_fn)
+        except StartError as e:
+            if e.errno != errno.ENOEXEC:
+                raise
+        # A script without #!: /bin/sh runs it, as execvp and a shell would.
+        return _fork_exec(program, ["/bin/sh", path] + self.args[1:], "/bin/sh", env, cwd,
+                          stdout, stderr, preexec_fn)
 
     def _status(self, flags):
         if self.returncode is None:
@@ -189,59 +204,151 @@ def _start_failure(program, code, detail):
     return "cannot start %s: %s" % (program, detail)
 
 
-def _prepare_child(cwd, stdout, stderr, report_fd):
-    os.setsid()
-    die_with_parent()
-    # Python ignores SIGPIPE and SIGXFSZ, and exec keeps ignored signals
-    # ignored; the user's program starts with the defaults, as under a shell.
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    if stdout is not None:
-        os.dup2(stdout, 1)
-    if stderr is not None:
-        os.dup2(stderr, 2)
-    # Only 0-2 go to the program (as with Popen's close_fds); the report
-    # pipe stays open until exec closes it.
-    os.set_inheritable(report_fd, False)
-    _close_fds_above_2(report_fd)
-    if cwd:
-        os.chdir(cwd)
-
-
-def _close_fds_above_2(keep):
-    """Close what is open, from /proc/self/fd: closing the whole range is
-    one close() per possible fd where the C library has no close_range
-    (glibc < 2.34), and containers often allow a million."""
-    try:
-        open_fds = [int(name) for name in os.listdir("/proc/self/fd")]
-    except OSError:
-        os.closerange(3, keep)
-        os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
-        return
-    for fd in open_fds:
-        if fd > 2 and fd != keep:
-            try:
-                os.close(fd)
-            except OSError:
-                pass  # the listing's own, already closed
-
-
-def _exec(candidates, argv, env):
-    """execvp's search, including its fallback for a script without a
-    `#!` line (ENOEXEC): run it with /bin/sh, as a shell would."""
-    first_error = None
+def _resolve(candidates, cwd):
+    """(the first candidate execve would start, 0), or (None, the errno with
+    which it would refuse them all), taken in execvp's order: ENOENT for a
+    missing file or a missing `#!` interpreter, EACCES for a directory or a
+    file without execute permission (or on a noexec mount), as execve says
+    them. A relative path counts from `cwd`, where the child execs."""
+    first = 0
     for path in candidates:
-        try:
-            os.execve(path, argv, env)
-        except OSError as e:
-            if e.errno == errno.ENOEXEC:
-                os.execve("/bin/sh", ["/bin/sh", path] + argv[1:], env)
-            if first_error is None or (first_error.errno == errno.ENOENT
-                                       and e.errno != errno.ENOENT):
-                first_error = e  # a PATH entry without it says less than one with it
-    raise first_error
+        code = _exec_error(path, cwd)
+        if not code:
+            return path, 0
+        if not first or (first == errno.ENOENT and code != errno.ENOENT):
+            first = code  # a PATH entry without it says less than one with it
+    return None, first or errno.ENOENT
+
+
+def _exec_error(path, cwd, interpreter=False):
+    if cwd:
+        path = os.path.join(cwd, path)
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        return e.errno
+    if not stat.S_ISREG(st.st_mode) or not os.access(path, os.X_OK):
+        return errno.EACCES
+    if interpreter:
+        return 0  # (an interpreter that is itself a script: left to execve)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)  # the kernel reads the #! line from the first 256 bytes
+    except OSError:
+        return 0  # executable but unreadable: only execve can tell
+    if not head.startswith(b"#!"):
+        return 0  # a binary, or a script without #! (run with /bin/sh, as by execvp)
+    # As the kernel reads it: up to the first space or tab, so that a "\r"
+    # (a script saved with CRLF line ends) is part of the name.
+    line = head[2:].split(b"\n", 1)[0].split(b"\0", 1)[0].lstrip(b" \t")
+    interpreter = line.split(b" ", 1)[0].split(b"\t", 1)[0]
+    if not interpreter:
+        return 0
+    code = _exec_error(os.fsdecode(interpreter), cwd, interpreter=True)
+    return errno.ENOENT if code == errno.ENOTDIR else code
+
+
+_setpriv = []  # [its path, or None], once looked up
+
+
+def setpriv_path():
+    """util-linux's setpriv where it has --pdeathsig (util-linux 2.33, 2018,
+    and later: Debian 10, Ubuntu 20.04, Amazon Linux 2023, RHEL 9 and later),
+    found on `train`'s own PATH; else None. Its own text names the option:
+    reading the binary (80 KB) costs about 0.2 ms, once, and runs nothing.
+
+    `setpriv --pdeathsig TERM -- PROGRAM ARGS` sets the parent-death signal
+    (prctl(PR_SET_PDEATHSIG), which must run in the child: fork clears it,
+    exec keeps it) and execs the program with execvp: the same pid, the
+    program's own PATH search and argv[0], and a script without #! run by
+    /bin/sh (glibc), as before."""
+    if not _setpriv:
+        found = None
+        for d in os.get_exec_path():
+            path = os.path.join(d or os.curdir, "setpriv")
+            try:
+                if os.path.getsize(path) < (16 << 20) and os.access(path, os.X_OK):
+                    with open(path, "rb") as f:
+                        if b"pdeathsig" in f.read():
+                            found = os.path.abspath(path)
+                            break
+            except OSError:
+                continue
+        _setpriv.append(found)
+    return _setpriv[0]
+
+
+def _fork_exec_tail(preexec_fn):
+    """fork_exec's arguments after start_new_session, by Python version."""
+    if sys.version_info >= (3, 11):
+        # process_group, gid, extra_groups, uid, umask, preexec_fn, allow_vfork
+        return (-1, None, None, None, -1, preexec_fn, True)
+    # 3.9, 3.10: gid, extra_groups, uid, umask, preexec_fn
+    return (None, None, None, -1, preexec_fn)
+
+
+def _fork_exec(program, argv, executable, env, cwd, stdout, stderr, preexec_fn=None,
+               wrapper=False):
+    """Fork and exec `executable` with `argv`, in C, as subprocess does;
+    returns the pid. In the child: setsid, /dev/null on 0, `stdout` and
+    `stderr` (None: ours) on 1 and 2, every other fd closed, SIGPIPE and
+    SIGXFSZ back to their defaults (Python ignores them, and exec would keep
+    them ignored), chdir `cwd`, `preexec_fn` if any, and exec. A failed exec
+    raises StartError about `program` (run by `executable` if `wrapper`)."""
+    env_list = []
+    for key, value in env.items():
+        key = os.fsencode(key)
+        if b"=" in key:
+            raise ValueError("illegal environment variable name %r" % os.fsdecode(key))
+        env_list.append(key + b"=" + os.fsencode(value))
+    null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        errpipe_read, errpipe_write = os.pipe()  # close-on-exec: EOF once exec'd
+    except OSError:
+        os.close(null)
+        raise
+    try:
+        pid = _posixsubprocess.fork_exec(
+            argv, [os.fsencode(executable)], True, (errpipe_write,), cwd, env_list,
+            null, -1, -1, -1 if stdout is None else stdout,
+            -1, -1 if stderr is None else stderr, errpipe_read, errpipe_write,
+            True, True, *_fork_exec_tail(preexec_fn))  # restore_signals, setsid
+    except BaseException:
+        os.close(errpipe_read)
+        raise
+    finally:
+        os.close(errpipe_write)
+        os.close(null)
+    try:
+        failure = b""
+        while True:
+            part = os.read(errpipe_read, 50000)
+            if not part:
+                break
+            failure += part
+    finally:
+        os.close(errpipe_read)
+    if not failure:
+        return pid
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+    # "OSError:<errno, hex>:" from the exec, "OSError:<errno>:noexec" (3.13:
+    # "noexec:chdir") from the chdir, "SubprocessError:0:<why>" otherwise.
+    kind, _, rest = failure.partition(b":")
+    hex_code, _, detail = rest.partition(b":")
+    try:
+        code = int(hex_code, 16)
+    except ValueError:
+        code = 0
+    reason = os.strerror(code) if code else detail.decode("utf-8", "replace")
+    if kind == b"OSError" and detail.startswith(b"noexec"):
+        raise StartError(code, "cannot start %s: its working directory %s: %s"
+                         % (program, cwd, reason))
+    if wrapper:  # setpriv itself did not start
+        raise StartError(code, "cannot start %s: %s: %s" % (program, executable, reason))
+    raise StartError(code, _start_failure(program, code, reason))
 
 
 def children(pid):

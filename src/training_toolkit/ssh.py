@@ -50,10 +50,10 @@ def start_sshd(supervisor, log_path):
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     with open(log_path, "ab") as log:
-        # Our sshd must not outlive a `train` that is SIGKILLed.
-        proc = subprocess.Popen([sshd, "-D", "-e", "-o", "PidFile=none"], stdout=log,
-                                stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
-                                preexec_fn=proctree.die_with_parent)
+        # Its own session, the parent-death signal (it must not outlive a
+        # `train` that is SIGKILLed), and no Python between fork and exec.
+        proc = proctree.Process([sshd, "-D", "-e", "-o", "PidFile=none"], stdout=log.fileno(),
+                                stderr=log.fileno())
     supervisor.services.add(proc.pid)
     delay = 0.01
     deadline = time.monotonic() + 10
