@@ -56,6 +56,30 @@ def test_process_runner(tmp_path):
         __import__("training_toolkit").__file__))
     assert toolkit_dir in parts
     assert [p for p in sys.path if p and os.path.isdir(p)][-1] in parts
+    # Not its standard library: another Python a script starts has its own.
+    assert os.path.dirname(os.__file__) not in parts
+
+
+def test_a_python_of_another_version_started_by_the_script_runs(tmp_path):
+    """The job's script starts another interpreter (a `python3` of another
+    version on PATH): train's standard library on PYTHONPATH would break it."""
+    other = [p for p in ("/root/.pyenv/versions/%s/bin/python" % v for v in os.listdir(
+        "/root/.pyenv/versions")) if os.access(p, os.X_OK)] if os.path.isdir(
+        "/root/.pyenv/versions") else []
+    other = [p for p in other if subprocess.run(
+        [p, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
+        text=True, timeout=60).stdout.strip() != str(tuple(sys.version_info[:2]))]
+    if not other:
+        pytest.skip("no Python of another version here")
+    job = Job(tmp_path, {"train.py": """
+        import subprocess, sys
+        r = subprocess.run([%r, "-c", "import re, json; print('ok')"], capture_output=True,
+                           text=True, timeout=60)
+        sys.stderr.write(r.stderr)
+        sys.exit(0 if r.stdout.strip() == "ok" else 5)
+    """ % other[0]})
+    r = job.run()
+    assert r.returncode == 0, r.stderr.decode()[-3000:]
 
 
 def test_sdk_v3_tree(tmp_path):

@@ -114,11 +114,16 @@ def python_path(env, environ=None):
     """PYTHONPATH of the user's processes, as the reference sets it: the code
     dir first (a script in a subdirectory imports the code's top-level
     packages, from any working directory), then this interpreter's sys.path
-    when the job runs on it. Another interpreter (TRAINING_TOOLKIT_PYTHON)
+    when the job runs on it, less its standard library (every interpreter has
+    its own, and another version's breaks one that a job's script starts:
+    "SRE module mismatch"). Another interpreter (TRAINING_TOOLKIT_PYTHON)
     keeps its own site-packages: it gets the code dir, then the PYTHONPATH
     the image set, and never the toolkit's."""
     if os.path.abspath(env.job_python) == os.path.abspath(sys.executable):
-        rest = sys.path
+        stdlib = os.path.dirname(os.__file__)
+        own = {stdlib, os.path.join(stdlib, "lib-dynload")}
+        zipped = "python%d%d.zip" % sys.version_info[:2]
+        rest = [p for p in sys.path if p not in own and os.path.basename(p) != zipped]
     else:
         rest = (os.environ if environ is None else environ).get("PYTHONPATH", "").split(":")
     parts = [env.code_dir]
