@@ -32,9 +32,11 @@ setup(
     ],
     # psutil: the tests prove no process outlives a job; six: the real DLC hook imports it;
     # scipy: the encoders' tests write sparse matrices as recordio-protobuf (the encoders
-    # import numpy when called, scipy never: sparse input comes with it); protobuf: as below.
+    # import numpy when called, scipy never: sparse input comes with it); protobuf: as below;
+    # pytest-timeout: a multi-host or control-channel test that hangs fails (with every
+    # thread's stack) instead of holding the run until CI's own limit (test/conftest.py).
     extras_require={"test": ["pytest", "moto[server]", "hypothesis", "numpy", "mpi4py",
-                             "psutil", "six", "scipy", "protobuf"],
+                             "psutil", "six", "scipy", "protobuf", "pytest-timeout>=2.1"],
                     # recordio-protobuf only (record_pb2's messages, used by recordio and
                     # encoders.array_to_recordio_protobuf, imported only then): the Record
                     # classes are protobuf's own; the reference depends on protobuf too.
@@ -47,5 +49,12 @@ setup(
             "training-toolkit=training_toolkit.cli:console_main",
         ]
     },
-    classifiers=["Programming Language :: Python :: 3", "Operating System :: POSIX :: Linux"],
+    # python_requires and these: the versions CI runs (.ci/run): the default python3 (3.11)
+    # and scripts/python-legs.sh's venvs (3.9 and 3.13 in full, 3.12 its multi-host jobs).
+    classifiers=["Programming Language :: Python :: 3",
+                 "Programming Language :: Python :: 3.9",
+                 "Programming Language :: Python :: 3.11",
+                 "Programming Language :: Python :: 3.12",
+                 "Programming Language :: Python :: 3.13",
+                 "Operating System :: POSIX :: Linux"],
 )

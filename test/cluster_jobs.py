@@ -72,7 +72,10 @@ class ClusterJob:
         for run in self.runs.values():
             if run.proc.poll() is None:
                 run.proc.kill()
-                run.proc.wait()
+                try:
+                    run.proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    pass  # cluster.close() below ends the host's processes anyway
         self.cluster.close()
 
     def env(self, **extra):
@@ -90,19 +93,42 @@ class ClusterJob:
         return self
 
     def wait(self, timeout=120, hosts=None):
-        """Wait for every started host; records each host's end time."""
+        """Wait for every started host (of `hosts`), `timeout` seconds at
+        most; records each host's end time and output. Fails naming the
+        hosts whose `train` still runs then, with the end of its stderr so
+        far and the processes left in the cluster."""
         import threading
 
-        def collect(run):
-            run.out, run.err = run.proc.communicate(timeout=timeout)
-            run.ended = time.monotonic()
+        still_running = {}
 
-        threads = [threading.Thread(target=collect, args=(r,))
-                   for h, r in self.runs.items() if hosts is None or h in hosts]
+        def collect(run):
+            try:
+                run.out, run.err = run.proc.communicate(timeout=timeout)
+                run.ended = time.monotonic()
+            except subprocess.TimeoutExpired as e:
+                run.out, run.err = e.output or b"", e.stderr or b""
+                still_running[run.host] = run
+
+        waiting = [r for h, r in self.runs.items() if hosts is None or h in hosts]
+        threads = [threading.Thread(target=collect, args=(r,), daemon=True) for r in waiting]
         for t in threads:
             t.start()
         for t in threads:
-            t.join()
+            t.join(timeout + 30)  # communicate() is bounded; this only guards it
+        for run, t in zip(waiting, threads):
+            if t.is_alive():
+                still_running[run.host] = run
+        if still_running:
+            try:
+                left = self.job_processes()
+            except Exception as e:  # noqa: BLE001 - the message must still come out
+                left = "(cannot list them: %r)" % e
+            raise AssertionError(
+                "waited %s s for `train` to end on %s; still running there. Their stderr "
+                "so far:\n%s\nProcesses in the cluster: %s" % (
+                    timeout, ", ".join(sorted(still_running)),
+                    "\n".join("--- %s ---\n%s" % (h, r.err.decode("utf-8", "replace")[-2000:])
+                              for h, r in sorted(still_running.items())), left))
         return self
 
     def codes(self):
@@ -119,9 +145,15 @@ class ClusterJob:
         return os.path.exists(self.path(host, *parts))
 
     def wait_for_file(self, host, *parts, timeout=60):
+        """Wait until the job wrote `parts` in `host`'s job tree; fails after
+        `timeout` s naming the file and the hosts whose `train` had ended."""
         deadline = time.monotonic() + timeout
         while not self.exists(host, *parts):
-            assert time.monotonic() < deadline, "timed out waiting for %s" % (parts,)
+            if time.monotonic() >= deadline:
+                ended = {h: r.proc.returncode for h, r in self.runs.items()
+                         if r.proc.poll() is not None}
+                raise AssertionError("waited %s s for %s on %s; hosts whose train had ended "
+                                     "(exit codes): %s" % (timeout, "/".join(parts), host, ended))
             time.sleep(0.02)
 
     def job_processes(self):

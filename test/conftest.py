@@ -1,7 +1,22 @@
 """Shared fixtures. S3 fixtures (moto server, fault-injecting proxy) live in
-s3_fixtures.py; the simulated cluster in cluster_fixtures.py."""
+s3_fixtures.py; the simulated cluster in cluster_jobs.py.
+
+Bounded tests: every test of a multi-host or control-channel module (one
+whose source uses the simulated cluster or the control channel, see
+BOUNDED_MODULE_WORDS) gets a pytest-timeout mark of `cluster_test_timeout`
+seconds (pyproject.toml) unless it, or its module, has a timeout mark of its
+own. The helpers that wait (ClusterJob.wait and wait_for_file, jobs.wait_for,
+the control-channel tests' peers) each have a bound that fails naming what
+they waited for; the mark is the backstop behind them, for a wait that has
+none. pytest-timeout's "signal" method (pyproject.toml) fails the test in
+its main thread after dumping every thread's stack, so that fixtures and
+context managers still run their teardown: `end_started_trains` below and
+ClusterJob.__exit__ kill what the test left running, and the session goes
+on (the "thread" method would end the whole pytest process at once, with
+no teardown at all, leaving the simulated hosts' processes behind)."""
 import os
 import sys
+import warnings
 
 import pytest
 
@@ -10,6 +25,48 @@ sys.path.insert(0, os.path.dirname(__file__))
 from s3_fixtures import *  # noqa: E402,F401,F403
 
 from jobs import kill_started  # noqa: E402
+
+# A test module whose source holds one of these runs jobs on simulated hosts
+# or talks to the control channel between hosts.
+BOUNDED_MODULE_WORDS = ("cluster_jobs", "simcluster", "SimCluster", "control.MasterControl",
+                        "JobWorker", "JobMaster")
+TIMEOUT_INI = "cluster_test_timeout"
+
+
+def pytest_addoption(parser):
+    parser.addini(TIMEOUT_INI, "seconds each test of a multi-host or control-channel module "
+                  "may take when it has no timeout mark of its own (0: unbounded)",
+                  default="600")
+
+
+_bounded_modules = {}
+
+
+def _is_bounded_module(path):
+    if path not in _bounded_modules:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError:
+            text = ""
+        _bounded_modules[path] = any(word in text for word in BOUNDED_MODULE_WORDS)
+    return _bounded_modules[path]
+
+
+def pytest_collection_modifyitems(config, items):
+    seconds = float(config.getini(TIMEOUT_INI) or 0)
+    if seconds <= 0:
+        return
+    if not config.pluginmanager.hasplugin("timeout"):
+        warnings.warn(pytest.PytestConfigWarning(
+            "pytest-timeout is not installed (pip install -e '.[test]'): the multi-host and "
+            "control-channel tests have only their helpers' bounds"))
+        return
+    for item in items:
+        module = getattr(item, "module", None)
+        path = getattr(module, "__file__", None)
+        if path and item.get_closest_marker("timeout") is None and _is_bounded_module(path):
+            item.add_marker(pytest.mark.timeout(seconds))
 
 
 @pytest.fixture(autouse=True)

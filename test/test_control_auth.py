@@ -2,7 +2,13 @@
 and robust: units of its protocol on real sockets, and an injector on the
 job's network (a simulated host that is not part of the job) during real
 2-host MPI and torchrun jobs. Also: the MPI ranks' environment file, which may
-hold credentials, does not outlive the job."""
+hold credentials, does not outlive the job.
+
+Bounded: every socket read here has a short timeout and every wait a bound
+that fails naming what it waited for (Peer, until, bounded), so that a
+protocol that wrongly accepts a message fails in seconds rather than
+hanging; the units have a 30 s pytest-timeout of their own, the jobs on
+simulated hosts the default of the multi-host modules (test/conftest.py)."""
 import json
 import os
 import signal
@@ -19,6 +25,13 @@ from training_toolkit import control
 from training_toolkit.jobtree import write_job_tree
 
 KEY = b"k" * 32
+# The units run in this process and on loopback: seconds each. The jobs on
+# simulated hosts below get the multi-host modules' default (pyproject.toml's
+# cluster_test_timeout), past the sum of their own bounds.
+pytestmark = pytest.mark.timeout(30)
+ON_SIMULATED_HOSTS = pytest.mark.timeout(600)
+# A read from a control connection: what a live server answers at once.
+READ_TIMEOUT_S = 5
 
 
 def line(message):
@@ -29,13 +42,23 @@ class Peer:
     """A raw connection to a control server, as any process on the network
     could open one."""
 
-    def __init__(self, port, address="127.0.0.1"):
-        self.sock = socket.create_connection((address, port), timeout=10)
+    def __init__(self, port, address="127.0.0.1", timeout=READ_TIMEOUT_S):
+        self.sock = socket.create_connection((address, port), timeout=timeout)
         self.reader = self.sock.makefile("rb")
-        greeting = self.reader.readline().split()
-        assert greeting[0] == control.GREETING
+        greeting = self.read_line("the server's greeting").split()
+        assert len(greeting) == 2 and greeting[0] == control.GREETING, greeting
         self.nonce = greeting[1]
         self.seq = 0
+
+    def read_line(self, what):
+        """The next line from the server; fails naming `what` it waited for
+        when none comes within the socket's timeout, or the server hung up."""
+        try:
+            data = self.reader.readline()
+        except socket.timeout:
+            raise AssertionError("no %s within %g s" % (what, self.sock.gettimeout())) from None
+        assert data, "the server hung up before %s" % what
+        return data
 
     def sealed(self, message, key=KEY, nonce=None, seq=None):
         data = control.seal(key, control.TO_MASTER, nonce or self.nonce,
@@ -46,12 +69,16 @@ class Peer:
     def send(self, data):
         self.sock.sendall(data)
 
-    def closed_by_server(self):
-        """True once the server hung up on us."""
+    def closed_by_server(self, timeout=3):
+        """Whether the server hangs up on us within `timeout` seconds (it
+        does at once after a line that fails authentication)."""
+        self.sock.settimeout(timeout)
         try:
             return self.sock.recv(1) == b""
         except ConnectionResetError:
             return True
+        except socket.timeout:
+            return False
 
     def close(self):
         self.sock.close()
@@ -64,14 +91,40 @@ def master():
     server.close()
 
 
-def until(predicate, timeout=10):
-    """Poll (20 ms) until predicate() holds; False at the timeout."""
+def until(predicate, timeout=10, what=None):
+    """Poll (20 ms) until predicate() holds; at the timeout, False, or with
+    `what` a failure saying what it waited for."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
+            assert what is None, "waited %g s for %s" % (timeout, what)
             return False
         time.sleep(0.02)
     return True
+
+
+def bounded(call, timeout, what):
+    """call() in a thread; its result, or a failure naming `what` (a string,
+    or a function that returns one then) when it has not returned within
+    `timeout` seconds (a wait with no bound of its own, such as a worker's
+    for its verdict)."""
+    done, failed = [], []
+
+    def run():
+        try:
+            done.append(call())
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
+            failed.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise AssertionError("still waiting after %g s for %s"
+                             % (timeout, what() if callable(what) else what))
+    if failed:
+        raise failed[0]
+    return done[0]
 
 
 def report(master, message, key=KEY):
@@ -79,7 +132,8 @@ def report(master, message, key=KEY):
 
 
 def started(master, rank):
-    return until(lambda: rank in master.rank_hosts)
+    return until(lambda: rank in master.rank_hosts,
+                 what="the master to register rank %d's rank_start" % rank)
 
 
 # -- the key ----------------------------------------------------------------
@@ -142,7 +196,9 @@ def test_replayed_or_misplaced_messages_are_dropped(master):
     second = Peer(master.port)
     second.send(genuine.replace(b'"rank":0', b'"rank":5'))  # replayed on a new connection
     assert second.closed_by_server()
-    assert until(lambda: master.drops.count == 3)
+    assert until(lambda: master.drops.count == 3,
+                 what="3 drops (a line at the wrong position, one under another nonce, one "
+                      "replayed with another rank)")
     # The first peer is authenticated: its thread goes on reading.
     first.send(first.sealed({"type": "rank_start", "rank": 1, "host": "algo-1", "pid": 2},
                             seq=1))
@@ -180,7 +236,7 @@ def test_oversize_line_closes_the_connection_without_growing_memory(master):
             sent += len(chunk)
     assert sent < 100 * len(chunk), "the server kept reading an endless line"
     assert psutil.Process().memory_info().rss - rss_before < 50 << 20
-    assert until(lambda: master.drops.count == 1)
+    assert until(lambda: master.drops.count == 1, what="the endless line to be dropped")
     report(master, {"type": "rank_start", "rank": 0, "host": "algo-1", "pid": 1})
     assert started(master, 0)
 
@@ -220,7 +276,8 @@ def test_connections_waiting_to_authenticate_are_capped(monkeypatch):
         idle = [Peer(server.port) for _ in range(4)]
         with pytest.raises((AssertionError, IndexError, OSError)):
             Peer(server.port)  # closed before any greeting
-        assert until(lambda: server.drops.count >= 1)
+        assert until(lambda: server.drops.count >= 1,
+                     what="the connection past MAX_UNAUTHENTICATED to be dropped")
         for peer in idle:
             peer.reader.close()
             peer.close()
@@ -232,7 +289,7 @@ def test_connections_waiting_to_authenticate_are_capped(monkeypatch):
             except (AssertionError, IndexError, OSError):
                 return False
 
-        assert until(greeted)
+        assert until(greeted, what="a greeting once the idle connections closed")
         report(server, {"type": "rank_start", "rank": 0, "host": "algo-1", "pid": 1})
         assert started(server, 0)
     finally:
@@ -303,47 +360,145 @@ def test_a_lost_rank_report_does_not_hang_the_master(monkeypatch, capfd):
     assert "1 of 2 ranks never reported their exit" in capfd.readouterr().err
 
 
+class StandInMaster:
+    """A master's side for one worker, as a test scripts it: greets, reads
+    the worker's hello, welcomes it genuinely, then sends `lines(worker_nonce,
+    welcome)` and waits (bounded) for the worker to hang up."""
+
+    NONCE = b"%032x" % 7
+
+    def __init__(self, lines):
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.server.settimeout(READ_TIMEOUT_S)
+        self.port = self.server.getsockname()[1]
+        self.lines = lines
+        self.error = None
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        try:
+            conn, _ = self.server.accept()
+            conn.settimeout(READ_TIMEOUT_S)
+            reader = conn.makefile("rb")
+            conn.sendall(control.GREETING + b" " + self.NONCE + b"\n")
+            hello = control.parse(control.authenticate(KEY, control.TO_MASTER, self.NONCE, 0,
+                                                       reader.readline()))
+            worker_nonce = hello["nonce"].encode()
+            welcome = control.seal(KEY, control.TO_WORKER, worker_nonce, 0, {"type": "welcome"})
+            conn.sendall(welcome)
+            for data in self.lines(worker_nonce, welcome):
+                conn.sendall(data)
+            reader.read()  # until the worker hangs up
+            conn.close()
+        except Exception as e:  # noqa: BLE001 - reported by close()
+            self.error = e
+
+    def close(self):
+        self.server.close()
+        self.thread.join(READ_TIMEOUT_S * 2)
+        assert not self.thread.is_alive(), "the stand-in master still waits for the worker"
+        assert self.error is None, "the stand-in master failed: %r" % self.error
+
+
+def _worker_outcome(port, stops):
+    """A real JobWorker's outcome from the master at `port`; fails in 5 s
+    naming what it waited for when no verdict it accepts comes (it took an
+    instruction that was not genuine, and so drops the genuine verdict)."""
+    from training_toolkit.runners.coordination import JobWorker
+
+    worker = JobWorker("127.0.0.1", port, "algo-2", time.monotonic() + 10,
+                       lambda sig, grace: stops.append(sig), 1.0, KEY)
+    try:
+        outcome = bounded(lambda: worker.outcome(False), 5, lambda: (
+            "the worker's verdict, which the master sent at once (signals the worker stopped "
+            "its ranks with meanwhile: %s; messages it dropped: %d)"
+            % (stops, worker.link.drops.count)))
+    except AssertionError:
+        worker.link.close()  # its thread, and the stand-in master, end
+        raise
+    return worker, outcome
+
+
 def test_worker_ignores_forged_instructions(tmp_path):
     """A stand-in master that sends, before its genuine verdict, a terminate
     with a bad MAC, its welcome again (a replay) and an abort MACed under
     another nonce: the worker drops the three and stops nothing."""
-    from training_toolkit.runners.coordination import JobWorker
+    def lines(worker_nonce, welcome):
+        yield control.seal(b"x" * 32, control.TO_WORKER, worker_nonce, 1,
+                           {"type": "terminate", "signal": 9, "grace": 0})
+        yield welcome
+        yield control.seal(KEY, control.TO_WORKER, b"0" * 32, 1,
+                           {"type": "abort", "rank": 0, "host": "algo-1",
+                            "exit_code": 42, "grace": 0})
+        yield line({"type": "verdict", "exit_code": 42, "rank": 0, "host": "algo-1"})
+        yield control.seal(KEY, control.TO_WORKER, worker_nonce, 1,
+                           {"type": "verdict", "exit_code": 0, "stopped": False})
 
-    server = socket.create_server(("127.0.0.1", 0))
-    port = server.getsockname()[1]
-
-    def stand_in_master():
-        conn, _ = server.accept()
-        reader = conn.makefile("rb")
-        nonce = b"%032x" % 7
-        conn.sendall(control.GREETING + b" " + nonce + b"\n")
-        hello = control.parse(control.authenticate(KEY, control.TO_MASTER, nonce, 0,
-                                                   reader.readline()))
-        worker_nonce = hello["nonce"].encode()
-        welcome = control.seal(KEY, control.TO_WORKER, worker_nonce, 0, {"type": "welcome"})
-        conn.sendall(welcome)
-        conn.sendall(control.seal(b"x" * 32, control.TO_WORKER, worker_nonce, 1,
-                                  {"type": "terminate", "signal": 9, "grace": 0}))
-        conn.sendall(welcome)
-        conn.sendall(control.seal(KEY, control.TO_WORKER, b"0" * 32, 1,
-                                  {"type": "abort", "rank": 0, "host": "algo-1",
-                                   "exit_code": 42, "grace": 0}))
-        conn.sendall(line({"type": "verdict", "exit_code": 42, "rank": 0, "host": "algo-1"}))
-        conn.sendall(control.seal(KEY, control.TO_WORKER, worker_nonce, 1,
-                                  {"type": "verdict", "exit_code": 0, "stopped": False}))
-        reader.read()  # until the worker hangs up
-        conn.close()
-
-    thread = threading.Thread(target=stand_in_master, daemon=True)
-    thread.start()
+    master = StandInMaster(lines)
     stops = []
-    worker = JobWorker("127.0.0.1", port, "algo-2", time.monotonic() + 10,
-                       lambda sig, grace: stops.append(sig), 1.0, KEY)
-    outcome = worker.outcome(False)
-    server.close()
-    thread.join(10)
+    worker, outcome = _worker_outcome(master.port, stops)
+    master.close()
     assert outcome.exit_code == 0 and stops == []
     assert worker.link.drops.count == 4
+
+
+# -- replays of genuine messages recorded off a real connection ------------------
+#
+# Each message is sealed by the toolkit's own code for a real connection, the
+# receiver accepts it there, and the very same bytes are then sent as the
+# same line (the same sequence number) of a new connection: only the nonce
+# of the connection they were sealed for tells them apart, so each case fails
+# at once (a refused check, or a bounded wait) when the MAC leaves it out.
+
+def test_a_rank_exit_replayed_on_a_new_connection_is_refused(master):
+    failures = []
+    master.on_failure = lambda *failure: failures.append(failure)
+    genuine = Peer(master.port)
+    recorded = genuine.sealed({"type": "rank_exit", "rank": 3, "host": "algo-2",
+                               "exit_code": 42, "stderr_tail": "genuine"})
+    genuine.send(recorded)
+    until(lambda: master.exits, what="the master to take the genuine rank_exit")
+    genuine.close()
+    replay = Peer(master.port)
+    replay.send(recorded)  # the first line of its connection, as it was on its own
+    assert replay.closed_by_server(), (
+        "the master kept the connection of a replayed rank_exit open: it authenticated the "
+        "recording (exits now %s)" % [e[1:] for e in master.exits])
+    until(lambda: master.drops.count == 1, what="the replay to be counted as a drop")
+    assert [e[1:] for e in master.exits] == [(3, "algo-2", 42)]
+    assert failures == [(3, "algo-2", 42)]
+    replay.close()
+
+
+def test_an_abort_replayed_to_another_worker_stops_nothing(master):
+    """The master's abort to one worker, recorded off its connection, then
+    replayed to another worker at the same position (after its welcome): the
+    worker drops it, stops nothing, and takes the genuine verdict."""
+    recorder = Peer(master.port)
+    own_nonce = b"%032x" % 1
+    recorder.send(recorder.sealed({"type": "hello", "host": "algo-2",
+                                   "nonce": own_nonce.decode()}))
+    recorder.read_line("the master's welcome")
+    master.broadcast({"type": "abort", "rank": 0, "host": "algo-1", "exit_code": 42,
+                      "grace": 0})
+    recorded = recorder.read_line("the master's abort")
+    # Genuine: the recording worker takes it at its position on its connection.
+    assert control.parse(control.authenticate(KEY, control.TO_WORKER, own_nonce, 1,
+                                              recorded))["type"] == "abort"
+    recorder.close()
+
+    def lines(worker_nonce, welcome):
+        yield recorded
+        yield control.seal(KEY, control.TO_WORKER, worker_nonce, 1,
+                           {"type": "verdict", "exit_code": 0, "stopped": False})
+
+    stand_in = StandInMaster(lines)
+    stops = []
+    worker, outcome = _worker_outcome(stand_in.port, stops)
+    stand_in.close()
+    assert stops == [], "the worker stopped its ranks on a replayed abort"
+    assert outcome.exit_code == 0 and worker.link.drops.count == 1
 
 
 # -- on simulated hosts: an injector on the job's network ------------------------
@@ -449,6 +604,7 @@ def _vm_peak(pid):
     return None
 
 
+@ON_SIMULATED_HOSTS
 @pytest.mark.parametrize("runner,user_exit", [("mpi", 0), ("torchrun", 3)])
 def test_an_injector_on_the_job_network_changes_nothing(tmp_path, runner, user_exit):
     require_cluster()
@@ -497,6 +653,7 @@ def test_an_injector_on_the_job_network_changes_nothing(tmp_path, runner, user_e
 ENV_FILE = os.path.join("toolkit", "rank-env.json")
 
 
+@ON_SIMULATED_HOSTS
 @pytest.mark.parametrize("end", ["success", "failure", "sigterm"])
 def test_mpi_env_file_is_removed_when_the_job_ends(tmp_path, end):
     require_cluster()

@@ -213,6 +213,68 @@ def test_verification_listing_is_retried(tmp_path, s3_server, bucket, monkeypatc
     assert snapshot["state"] == "complete" and snapshot["verified"] == 1, snapshot
 
 
+# An object changed in S3 behind the sync's back, after the sync uploaded
+# the file and before the drain verifies it: same size, other bytes, so that
+# only the ETag tells it from the file.
+
+def _changed_behind_the_syncs_back(tmp_path, s3_server, bucket, prefix):
+    """A sync that uploaded ckpt.bin once and is idle, and the object then
+    overwritten in S3 with as many other bytes. Returns (sync, the file's
+    bytes)."""
+    root = tmp_path / "intermediate"
+    root.mkdir()
+    data = b"the file's own bytes " * 500
+    (root / "ckpt.bin").write_bytes(data)  # before start: no event, exactly one upload
+    sync = intermediate_output.IntermediateSync(str(root), bucket, prefix,
+                                                endpoint_url=s3_server).start()
+    deadline = time.monotonic() + 30
+    while sync.snapshot()["uploads"] < 1:
+        assert time.monotonic() < deadline, ("waited 30 s for the sync to upload ckpt.bin",
+                                             sync.snapshot())
+        time.sleep(0.02)
+    sync.flush(10)
+    assert sync.snapshot()["uploads"] == 1, sync.snapshot()
+    assert body(s3_server, bucket, "ckpt.bin", prefix) == data
+    other = bytes(b ^ 0x20 for b in data)
+    s3_client(s3_server).put_object(Bucket=bucket, Key=prefix + "ckpt.bin", Body=other)
+    listed = objects(s3_server, bucket, prefix)["ckpt.bin"]
+    assert listed["Size"] == len(data) and listed["ETag"].strip('"') != hashlib.md5(
+        data).hexdigest()
+    return sync, data
+
+
+def test_verification_uploads_again_an_object_changed_behind_the_syncs_back(
+        tmp_path, s3_server, bucket):
+    """The drain's listing finds the ETag differs (the size does not) and
+    uploads the file again: S3 ends with the file's bytes."""
+    sync, data = _changed_behind_the_syncs_back(tmp_path, s3_server, bucket, "behind/")
+    snapshot = sync.finish(time.monotonic() + 30)
+    assert body(s3_server, bucket, "ckpt.bin", "behind/") == data, (
+        "the drain verified an object of the right size whose bytes are not the file's",
+        snapshot)
+    assert snapshot["uploads"] == 2, snapshot
+    assert snapshot["state"] == "complete" and snapshot["verified"] == 1, snapshot
+    assert snapshot["verification"] == "size+etag" and snapshot["not_verified"] == [], snapshot
+
+
+def test_an_object_changed_behind_the_syncs_back_is_reported_when_it_cannot_be_fixed(
+        tmp_path, s3_server, bucket, monkeypatch):
+    """The same, but every upload after the change fails: the drain cannot
+    put the file's bytes back and reports the file as not verified (it does
+    not count the object of the right size as verified)."""
+    monkeypatch.setattr(intermediate_output, "FIRST_BACKOFF_S", 0.05)
+    sync, _ = _changed_behind_the_syncs_back(tmp_path, s3_server, bucket, "unfixed/")
+
+    def refused(**kwargs):
+        raise OSError("PutObject refused (the test's)")
+
+    monkeypatch.setattr(sync._client, "put_object", refused)
+    snapshot = sync.finish(time.monotonic() + 3)
+    assert snapshot["state"] == "incomplete", snapshot
+    assert snapshot["not_verified"] == ["ckpt.bin"] and snapshot["verified"] == 0, snapshot
+    assert snapshot["failures"] >= 1 and "refused" in snapshot["last_error"], snapshot
+
+
 def test_without_inotify_the_tree_is_rescanned(tmp_path, s3_server, bucket, monkeypatch):
     """No inotify (library missing, instance limit reached): files still go
     up while the job runs, by rescans, and the drain still verifies them."""
@@ -383,6 +445,29 @@ os._exit(0)
     run_ok(job, env)
     assert body(s3_server, bucket, "last.txt") == b"the very last thing"
     assert_all_synced(job, s3_server, bucket)
+
+
+def test_object_changed_behind_the_jobs_back_is_uploaded_again(tmp_path, s3_server, bucket):
+    """The job itself overwrites the uploaded object in S3 with as many other
+    bytes, then exits: `train`'s drain finds the ETag differs, uploads the
+    file again, and status.json counts the upload and the verified file."""
+    script = """
+data = b"checkpoint bytes " * 1000
+write("ckpt.bin", data)
+note("seen", seen("ckpt.bin", data))
+import boto3
+c = boto3.client("s3", endpoint_url=INFO["endpoint"], region_name="us-east-1")
+c.put_object(Bucket=INFO["bucket"], Key=INFO["prefix"] + "ckpt.bin",
+             Body=bytes(b ^ 0x20 for b in data))
+note("changed", seen("ckpt.bin", bytes(b ^ 0x20 for b in data)))
+"""
+    job, env = s3_job(tmp_path, script, bucket, s3_server)
+    run_ok(job, env)
+    assert job.read("model", "seen") == "true" and job.read("model", "changed") == "true"
+    assert body(s3_server, bucket, "ckpt.bin") == b"checkpoint bytes " * 1000, (
+        "S3 keeps the bytes put behind the job's back", job.status()["intermediate"])
+    status = assert_all_synced(job, s3_server, bucket)
+    assert status["uploads"] >= 2 and status["verification"] == "size+etag", status
 
 
 def test_failed_job_keeps_its_code_and_everything_is_uploaded(tmp_path, s3_server, bucket):
