@@ -2,12 +2,15 @@
 guards against makes it fail (issue 12, "Tests that can fail"): a stop that
 must reach the whole process tree, archive members refused for the right
 reason, a failing MPI rank that ends every host soon after it fails, a
-torchrun restart that recovers the job, and the exact exit codes of a lost
-master and of SIGTERM under MPI (in test_mpi.py)."""
+failing rank's exit code deciding the verdict however late the master reads
+its report, a torchrun restart that recovers the job, and the exact exit
+codes of a lost master and of SIGTERM under MPI (in test_mpi.py)."""
 import json
 import os
 import signal
+import socket
 import tarfile
+import threading
 import time
 
 import pytest
@@ -15,7 +18,10 @@ import pytest
 from cluster_jobs import ClusterJob, require_cluster
 from jobs import Job, wait_for
 from s3_fixtures import make_tar_gz
+from training_toolkit import control
 from training_toolkit.jobtree import write_job_tree
+from training_toolkit.runners import coordination, mpi
+from training_toolkit.supervise import Outcome
 
 
 
@@ -134,6 +140,180 @@ def test_mpi_rank_failure_ends_every_host_within_2_s(tmp_path, fail_rank, host):
             first = job.read(h, "output", "failure").splitlines()[0]
             assert "rank %d on %s" % (fail_rank, host) in first, first
         assert job.job_processes() == []
+
+
+# --------------------------------------------------------------------------
+# A rank's failure decides the verdict, however late the master reads its
+# report (a busy host): the bad order fed to the real coordination
+# --------------------------------------------------------------------------
+# A launcher (mpirun, torchrun's agent) learns that a rank failed when the
+# rank's wrapper exits, and then ends the job with a code of its own (1).
+# These tests play the hosts' parts in that order, on the real control
+# channel, with the master's control thread slowed down (it reads each rank's
+# exit report SLOW_S late, longer than the verdict waits for reports after a
+# launcher's failure). Before the fix, the wrapper's report was fire-and-forget
+# and the launcher's 1 (or the worker's `host_failed`) won.
+
+KEY = b"k" * 32
+SLOW_S = 1.5
+RANK_3_FAILS = {"type": "rank_exit", "rank": 3, "host": "algo-2", "exit_code": 3,
+                "stderr_tail": "rank 3 failing on purpose\n"}
+
+
+def slow_exit_reports(master_control, seconds=SLOW_S):
+    """The master's control thread takes `seconds` to get to each rank's exit report."""
+    handle = master_control._handle
+
+    def late(message):
+        if message["type"] == "rank_exit":
+            time.sleep(seconds)
+        handle(message)
+
+    master_control._handle = late
+
+
+@pytest.fixture
+def two_hosts():
+    """A master's JobMaster (fail-fast on) and a worker's JobWorker, linked;
+    yields (master, worker, the master's local stops)."""
+    stops = []
+    master = coordination.JobMaster(0, ["algo-2"], lambda sig, grace: stops.append(sig), KEY)
+    deadline = time.monotonic() + 10
+    worker = coordination.JobWorker("127.0.0.1", master.control.port, "algo-2", deadline,
+                                    lambda sig, grace: None, 5.0, KEY)
+    master.wait_for_workers(deadline)
+    master.fail_fast(grace=0.5)
+    yield master, worker, stops
+    master.close()
+
+
+def wait_for_true(predicate, timeout=10):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def wrapper_reports_and_exits(master, report=RANK_3_FAILS):
+    """What a rank wrapper does once its program ended: report, then exit
+    (returning from here is its exit, which its launcher then sees)."""
+    control.send_once("127.0.0.1", master.control.port, KEY, dict(report))
+
+
+def test_a_rank_exit_is_recorded_before_its_wrapper_may_exit():
+    """The order the verdict relies on: a wrapper's exit report returns (and
+    the wrapper exits) only once the master has recorded it, however late
+    the master gets to it."""
+    master = control.MasterControl(0, [], KEY)
+    try:
+        slow_exit_reports(master)
+        started = time.monotonic()
+        acknowledged = control.send_once("127.0.0.1", master.port, KEY, dict(RANK_3_FAILS))
+        assert [e[1:] for e in master.exits] == [(3, "algo-2", 3)], (
+            "the wrapper could exit %.2f s before the master had its report"
+            % (SLOW_S - (time.monotonic() - started)))
+        assert acknowledged
+    finally:
+        master.close()
+
+
+def test_mpi_verdict_when_mpirun_ends_before_the_master_reads_the_report(two_hosts):
+    """Rank 3 on algo-2 fails; mpirun sees its wrapper exit and ends 1 at
+    once. Every host ends with the rank's 3, naming it."""
+    master, worker, _ = two_hosts
+    slow_exit_reports(master.control)
+    wrapper_reports_and_exits(master)
+    outcome = master.verdict(Outcome(1, b"", False), tail_of=mpi.rank_lines)
+    assert (outcome.exit_code, outcome.where) == (3, "rank 3 on algo-2")
+    on_worker = worker.outcome(False)
+    assert (on_worker.exit_code, on_worker.where) == (3, "rank 3 on algo-2")
+    assert b"rank 3 failing on purpose" in on_worker.stderr_tail
+
+
+def test_torchrun_verdict_when_the_workers_torchrun_fails_before_the_report_is_read(two_hosts):
+    """Rank 3 on algo-2 fails; algo-2's torchrun sees its wrapper exit and
+    ends 1, and algo-2's `train` tells the master (`host_failed`), which
+    stops its own torchrun (it ends 1 too). Every host ends with the rank's
+    3, naming it, not with torchrun's 1 naming the host."""
+    master, worker, stops = two_hosts
+    slow_exit_reports(master.control)
+    wrapper_reports_and_exits(master)
+    worker.report_failure("algo-2", 1)
+    assert wait_for_true(lambda: stops), "the master never stopped its torchrun"
+    outcome = master.verdict(Outcome(1, b"", False), expected_ranks=4)
+    assert (outcome.exit_code, outcome.where) == (3, "rank 3 on algo-2")
+    on_worker = worker.outcome(False)
+    assert (on_worker.exit_code, on_worker.where) == (3, "rank 3 on algo-2")
+
+
+# mpirun's own notice when a rank's non-zero exit ended the job, its lines
+# tagged with the rank whose output they followed in one read.
+MPIRUN_NOTICE = b"".join(b"[algo-2,3]<stderr>:" + line + b"\n" for line in (
+    b"rank 3 failing on purpose",
+    b"-" * 74,
+    b"mpirun detected that one or more processes exited with non-zero status, thus causing",
+    b"the job to be terminated. The first process to do so was:",
+    b"",
+    b"  Process name: [[43133,1],3]",
+    b"  Exit code:    3")) + b"-" * 74 + b"\n"
+
+
+def test_mpirun_naming_the_failed_rank_decides_when_its_report_was_lost(monkeypatch, capfd):
+    """The rank's report never came (its wrapper was killed, say): mpirun's
+    own notice names the rank and its code, and the verdict says so rather
+    than mpirun's bare exit code."""
+    monkeypatch.setattr(coordination, "REPORTS_WAIT_S", 0.3)
+    assert mpi.first_failed(MPIRUN_NOTICE.replace(b"[algo-2,3]<stderr>:", b""),
+                            lambda rank: "algo-%d" % (rank // 2 + 1)) == (3, "algo-2", 3)
+    named = mpi.first_failed(MPIRUN_NOTICE, lambda rank: "algo-%d" % (rank // 2 + 1))
+    assert named == (3, "algo-2", 3)
+    assert mpi.first_failed(b"mpirun noticed that process rank 1 with PID 4242 on node algo-1 "
+                            b"exited on signal 9 (Killed).\n", None) == (1, "algo-1", 137)
+    assert mpi.first_failed(b"[algo-1,0]<stdout>:all well\n", None) is None
+    master = coordination.JobMaster(0, [], lambda sig, grace: None, KEY)
+    try:
+        outcome = master.verdict(Outcome(3, MPIRUN_NOTICE, False), tail_of=mpi.rank_lines,
+                                 launcher_failure=named)
+    finally:
+        master.close()
+    assert (outcome.exit_code, outcome.where) == (3, "rank 3 on algo-2")
+    assert b"rank 3 failing on purpose" in outcome.stderr_tail
+    assert "rank 3 on algo-2 never reported its exit" in capfd.readouterr().err
+
+
+def test_an_exit_report_stops_waiting_when_the_master_cannot_acknowledge(monkeypatch):
+    """A master that closes the connection ends the wrapper's wait at once;
+    one that never answers (or answers without the job's key) holds it only
+    until EXIT_REPORT_DEADLINE_S."""
+    monkeypatch.setattr(control, "EXIT_REPORT_DEADLINE_S", 0.5)
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    answers = ["close", "silent", "forged"]
+
+    def stand_in_master():
+        for answer in answers:
+            conn, _ = server.accept()
+            conn.sendall(control.GREETING + b" " + b"%032x" % 9 + b"\n")
+            conn.makefile("rb").readline()
+            if answer == "forged":
+                conn.sendall(control.seal(b"x" * 32, control.TO_WORKER, b"%032x" % 9, 0,
+                                          {"type": "recorded", "rank": 3}))
+            if answer != "silent":
+                conn.close()
+            else:
+                threading.Timer(5, conn.close).start()
+
+    threading.Thread(target=stand_in_master, daemon=True).start()
+    try:
+        for answer in answers:
+            started = time.monotonic()
+            assert control.send_once("127.0.0.1", port, KEY, dict(RANK_3_FAILS)) is False, answer
+            took = time.monotonic() - started
+            assert took < (1.5 if answer == "silent" else 0.4), (answer, took)
+    finally:
+        server.close()
 
 
 # --------------------------------------------------------------------------

@@ -38,6 +38,14 @@ the job's network can end the job, pose as a worker, or stop a worker's ranks:
 * Drops. A message that fails any check is dropped and logged (at most one
   line every DROP_LOG_INTERVAL_S, counting the rest); an unauthenticated
   connection is closed; no handling thread dies of a bad message.
+* Acknowledged exits. A rank wrapper's `rank_exit` report is answered, once
+  the master has recorded it, with a `recorded` line MACed towards the
+  wrapper under the master's nonce of that connection (the wrapper has none
+  of its own), and the wrapper exits only after it (`send_once`). Its
+  launcher (mpirun, torchrun) learns of the rank's end from that exit, so it
+  can never end the job, or make a worker report its own failure, before the
+  master knows how the rank ended: the verdict names the rank's own exit
+  code however the hosts are scheduled.
 
 A 1-host job listens on loopback only; the master of a multi-host job on all
 interfaces, at TRAINING_TOOLKIT_CONTROL_PORT (default 7780).
@@ -62,6 +70,14 @@ AUTH_TIMEOUT_S = 10.0
 MAX_UNAUTHENTICATED = 1024
 DROP_LOG_INTERVAL_S = 5.0
 GREETING = b"tt-control-1"
+# A rank's exit report waits for the master's acknowledgement this long at
+# most, connecting included. A master that is gone ends the wait at once
+# (its port refuses, or its end of the connection closes); this bounds only
+# a master that cannot answer (a host that vanished without closing its
+# connections, a network cut), where the report cannot help anyway.
+EXIT_REPORT_DEADLINE_S = 30.0
+# Reports the master acknowledges once it has recorded them.
+ACKNOWLEDGED = ("rank_exit",)
 KEYED_CONFIG_FILES = ("hyperparameters.json", "inputdataconfig.json")
 TO_MASTER, TO_WORKER = b"to-master", b"to-worker"
 # Fields (and their types) of each message a master accepts.
@@ -212,6 +228,14 @@ class _Stream:
         self.received += 1  # the sender counted it, whatever it holds
         return parse(body)
 
+    def acknowledge(self, message):
+        """Answer a reporter, which has no nonce of its own: the line is MACed
+        under this side's nonce (fresh for this connection), at its position."""
+        with self._lock:
+            line = seal(self.key, self.outgoing, self.own_nonce, self.sent, message)
+            self.sent += 1
+            self.sock.sendall(line)
+
     def greet(self):
         self.sock.sendall(GREETING + b" " + self.own_nonce + b"\n")
 
@@ -269,14 +293,42 @@ def _keepalive(sock):
 
 
 def send_once(address, port, key, message, timeout=2.0):
-    """Fire-and-forget report (from a rank wrapper). Never raises."""
+    """A rank wrapper's report, on a connection of its own. Never raises.
+
+    A report in ACKNOWLEDGED (`rank_exit`) returns only once the master said
+    it recorded it, or when the master is gone, or at EXIT_REPORT_DEADLINE_S:
+    the wrapper exits after this returns, and the launcher learns of the
+    rank's end from that exit, never before the master has the report. The
+    others (`rank_start`) are fire-and-forget, each step within `timeout`.
+    Returns whether the report was acknowledged (sent, for the others)."""
+    acknowledged = message.get("type") in ACKNOWLEDGED
+    deadline = time.monotonic() + EXIT_REPORT_DEADLINE_S
+
+    def left():
+        if not acknowledged:
+            return timeout
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise socket.timeout("no acknowledgement from the master within %.0f s"
+                                 % EXIT_REPORT_DEADLINE_S)
+        return remaining
+
     try:
-        with socket.create_connection((address, port), timeout=timeout) as sock:
+        with socket.create_connection((address, port), timeout=left()) as sock:
             stream = _Stream(sock, key, TO_MASTER, TO_WORKER, None)
+            sock.settimeout(left())
             stream.read_greeting()
             stream.send(message)
-    except OSError:
-        pass
+            if not acknowledged:
+                return True
+            sock.settimeout(left())
+            line = stream.read_line()
+            if not line:
+                return False  # the master closed the connection: it is gone, or refused us
+            reply = parse(authenticate(key, TO_WORKER, stream.peer_nonce, 0, line))
+            return reply.get("type") == "recorded"
+    except (OSError, Rejected):
+        return False
 
 
 class MasterControl:
@@ -365,6 +417,11 @@ class MasterControl:
                     self._register(stream, message, peer)
                 else:
                     self._handle(message)
+                    if message["type"] in ACKNOWLEDGED and stream.peer_nonce is None:
+                        # A rank wrapper's report (not a worker's link): it
+                        # is recorded, and the fail-fast started; the
+                        # wrapper may exit now.
+                        stream.acknowledge({"type": "recorded", "rank": message["rank"]})
         except OSError:
             pass
         done_waiting()  # authenticated or gone: either way its place is free

@@ -19,9 +19,13 @@ from ..supervise import Outcome
 ABORT_GRACE_S = 3.0
 # A worker that lost its master gives its ranks this long after SIGTERM.
 LOST_MASTER_GRACE_S = 5.0
-# After the master's launcher ended 0, how long reports still on their way
-# may take: every rank sent its report before it exited, so they are in
-# flight, unless one was lost, and then the launcher's 0 stands.
+# How long a rank's report may still take once the launcher ended. A rank
+# wrapper exits only after the master acknowledged its exit report
+# (control.send_once), and the launcher learns of a rank's end from that
+# exit, so the reports are normally all in by then; one is missing only when
+# its acknowledgement timed out (it may still be on its way) or it was lost.
+# After a launcher's 0, a lost report leaves the 0 standing; after mpirun
+# named the rank that failed first, mpirun's word stands in for it.
 REPORTS_WAIT_S = 5.0
 
 
@@ -86,11 +90,18 @@ class JobMaster:
         self.control.broadcast({"type": "terminate", "signal": int(sig), "grace": grace})
         self.stop_local(sig, grace)
 
-    def verdict(self, local, expected_ranks=0, tail_of=None, ranks_decide=True):
+    def verdict(self, local, expected_ranks=0, tail_of=None, ranks_decide=True,
+                launcher_failure=None):
         """Decide from the local launcher's Outcome and the ranks' reports,
         tell every worker, return the Outcome for this host. Without
         `ranks_decide` (a launcher that restarts failed ranks), a rank's
-        failure counts only when a launcher failed too."""
+        failure counts only when a launcher failed too. `launcher_failure`:
+        (rank, host, exit code) of the rank that the launcher itself says
+        failed first (mpirun's notice): the reports decide, the first
+        failure among them awaited up to REPORTS_WAIT_S; with none, the
+        launcher's word does (not in a job stopped by SIGTERM, whose grace
+        leaves no time to wait)."""
+        named = launcher_failure if local.exit_code and not local.terminated_by_us else None
         if local.exit_code == 0 and expected_ranks and ranks_decide:
             deadline = time.monotonic() + REPORTS_WAIT_S
             if not self.control.wait_for_exits(expected_ranks, deadline):
@@ -100,7 +111,14 @@ class JobMaster:
                                 expected_ranks))
         failure = None
         if ranks_decide or local.exit_code or self.control.host_failures or self.control.lost:
-            failure = self.control.first_failure(wait_s=1.0 if local.exit_code else 0.0)
+            wait_s = 1.0 if local.exit_code else 0.0
+            if named:
+                wait_s = REPORTS_WAIT_S  # a rank's failure was named: its report is due
+            failure = self.control.first_failure(wait_s=wait_s)
+        if failure is None and named:
+            rank, host, code = failure = named
+            log.warning("rank %d on %s never reported its exit to the master; the launcher "
+                        "says it failed first, with exit code %d" % (rank, host, code))
         # "stopped": the job was stopped by SIGTERM, a failure even if every
         # rank exited 0 after saving its state.
         message = {"type": "verdict", "exit_code": local.exit_code,

@@ -47,6 +47,15 @@ _TAG = re.compile(rb"\[\d+,(\d+)\]<(stdout|stderr)>:")
 # once, and that notice starts the fail-fast.
 _ABORT = re.compile(rb"MPI_ABORT was invoked on rank (\d+) in communicator \S+\s+"
                     rb"with errorcode (\d+)")
+# When a rank's non-zero exit ends the job (orte_abort_on_non_zero_status),
+# mpirun names that rank as it ends; a rank killed by a signal, likewise. Its
+# lines may carry the tag of the rank whose output they followed in one read.
+_ANY_TAG = rb"\[[^\[\]\n]*\]<std(?:out|err)>:"
+_FIRST_FAILED = re.compile(
+    rb"The first process to do so was:(?:\s|%s)*Process name:\s*\[\[\d+,\d+\],(\d+)\]"
+    rb"(?:\s|%s)*Exit code:\s*(\d+)" % (_ANY_TAG, _ANY_TAG))
+_KILLED = re.compile(rb"mpirun noticed that process rank (\d+) with PID \d+ on node (\S+) "
+                     rb"exited on signal (\d+)")
 
 
 class MpiSettings:
@@ -244,7 +253,8 @@ class MpiJob:
                                       transform=self._tag)
         for (rank, stream), start in sorted(self._cut_lines.items()):  # never ended
             os.write(1 if stream == b"stdout" else 2, self._host_tag(rank, stream) + start + b"\n")
-        return master.verdict(outcome, tail_of=rank_lines)
+        return master.verdict(outcome, tail_of=rank_lines,
+                              launcher_failure=first_failed(outcome.stderr_tail, self._rank_host))
 
     def _wait_for_workers(self, workers):
         """Every worker's `train` said hello and its sshd took our login,
@@ -386,6 +396,20 @@ class MpiJob:
                     proctree.kill_tree(pid, sig)
             if proctree.wait_until(lambda: not leftovers(), wait):
                 return
+
+
+def first_failed(tail, rank_host):
+    """(rank, host, exit code) of the rank that mpirun's own notice at its
+    end names as the one that ended the job, or None."""
+    named = _FIRST_FAILED.search(tail)
+    if named:
+        rank = int(named.group(1))
+        return rank, rank_host(rank), int(named.group(2))
+    killed = _KILLED.search(tail)
+    if killed:
+        return int(killed.group(1)), killed.group(2).decode("utf-8", "replace"), \
+            128 + int(killed.group(3))
+    return None
 
 
 def rank_lines(tail, rank):

@@ -6,6 +6,12 @@ when a rank dies on one node. Here every rank starts through
 `training_toolkit.rank`, which tags its output `[<host>,<rank>]<stdout>:` and
 reports its exit to the master's `train`; the first failure stops torchrun on
 every host, and every host ends with the failing rank's exit code.
+
+That code comes from the rank's report, never from a torchrun's own exit
+(1) or a worker's `host_failed`: the wrapper exits only once the master
+acknowledged its report (control.send_once), and torchrun's agent learns of
+the rank's end from that exit, so the report is recorded before any
+torchrun can end or any worker can tell the master that its torchrun failed.
 """
 import os
 import signal
