@@ -100,8 +100,14 @@ class Process:
             raise StartError(code, _start_failure(program, code, os.strerror(code)))
         setpriv = setpriv_path()
         if setpriv:
-            return _fork_exec(program, [setpriv, "--pdeathsig", "TERM", "--"] + self.args,
-                              setpriv, env, cwd, stdout, stderr, wrapper=True)
+            argv = [setpriv, "--pdeathsig", "TERM", "--"]
+            if "LD_PRELOAD" in env and os.access(ENV_PROGRAM, os.X_OK):
+                # The library is for the program (SMDDP's libsmddp): env sets it
+                # again for the program's exec, so that setpriv never loads it.
+                argv += [ENV_PROGRAM, "LD_PRELOAD=" + env["LD_PRELOAD"]]
+                env = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+            return _fork_exec(program, argv + self.args, setpriv, env, cwd, stdout, stderr,
+                              wrapper=True)
         # No setpriv with --pdeathsig: the program is exec'd straight away,
         # with the prctl as a preexec_fn, the one Python call in the child.
         try:
@@ -249,6 +255,7 @@ def _exec_error(path, cwd, interpreter=False):
 
 
 _setpriv = []  # [its path, or None], once looked up
+ENV_PROGRAM = "/usr/bin/env"
 
 
 def setpriv_path():
