@@ -175,3 +175,60 @@ def test_a_gigabyte_of_stdout_through_a_slow_reader(tmp_path, runner):
     assert job.exists("output", "success")
     assert sampler.samples > 10
     assert sampler.peak < RSS_BOUND
+
+
+STDERR_LOAD_BYTES = 256 << 20
+OURS = b"[training-toolkit] "  # `train`'s own log lines share its stderr
+
+
+class SlowStderrReader(SlowReader):
+    """SlowReader for `train`'s stderr: `train`'s own log lines are set aside
+    (each must still arrive whole, on a line of its own)."""
+
+    def __init__(self, fd):
+        super().__init__(fd)
+        self.ours = []
+
+    def check(self, line):
+        if line.startswith(OURS):
+            self.ours.append(line)
+            return
+        super().check(line)
+
+
+def test_stderr_through_a_slow_reader_in_order_with_its_tail(tmp_path):
+    """stderr (spliced by the relay, which keeps the tail by peeking) to a
+    slow reader: no line lost, cut, duplicated or reordered, `train`'s own
+    log lines whole around it, memory bounded, and the failure file ends
+    with the last 64 KiB of it (the job exits 3 after its last line)."""
+    writer = (LINE_SOURCE + WRITER).replace("sys.stdout.buffer", "sys.stderr.buffer")
+    job = Job(tmp_path, {"train.py": writer + "sys.exit(3)\n"})
+    env = job.env(LOAD_BYTES=STDERR_LOAD_BYTES)
+    proc = subprocess.Popen([TRAIN], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    reader, sampler = SlowStderrReader(proc.stderr.fileno()), RssSampler(proc.pid)
+    out = bytearray()
+    drainer = threading.Thread(target=drain, args=(proc.stdout, out), daemon=True)
+    for t in (reader, sampler, drainer):
+        t.start()
+    try:
+        proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        sampler.done.set()
+    reader.join()
+    drainer.join()
+    assert proc.returncode == 3
+    assert reader.bad == []
+    assert any(b"running train.py" in line for line in reader.ours)
+    assert all(line.endswith(b"\n") for line in reader.ours)
+    sent = json.loads(job.read("model", "sent-0.json"))
+    assert sent["lines"] * LINE_BYTES == STDERR_LOAD_BYTES
+    assert reader.next == {0: sent["lines"]}
+    assert reader.digest[0].hexdigest() == sent["sha256"]
+    assert sampler.peak < RSS_BOUND
+    last = [LINE(0, i).decode() for i in range(sent["lines"] - 64, sent["lines"])]
+    failure = job.failure()
+    assert failure.startswith("ExecuteUserScriptError: exit code 3")
+    assert ("--- stderr tail (%d bytes) ---\n" % (64 * LINE_BYTES)
+            + "\n".join("  " + line.rstrip("\n") for line in last) + "\n") in failure
