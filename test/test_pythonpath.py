@@ -55,7 +55,10 @@ def test_process_runner(tmp_path):
     toolkit_dir = os.path.dirname(os.path.dirname(
         __import__("training_toolkit").__file__))
     assert toolkit_dir in parts
-    assert [p for p in sys.path if p and os.path.isdir(p)][-1] in parts
+    import site
+
+    assert [p for p in site.getsitepackages() if os.path.isdir(p)] == [
+        p for p in parts if p in site.getsitepackages()]
     # Not its standard library: another Python a script starts has its own.
     assert os.path.dirname(os.__file__) not in parts
 

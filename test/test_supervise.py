@@ -174,8 +174,8 @@ def spliced(writes, pause_s=0.0, out=None, **options):
             LineRelay._write(self, data)
 
         def _pass(self, splice, count, null, scratch):
-            ops.append(("splice", count))
             LineRelay._pass(self, splice, count, null, scratch)
+            ops.append(("splice", count))  # once passed: a refused splice passes nothing
 
     r = Recording(src_r, out_w, splice=True, **options)
     r.start()
