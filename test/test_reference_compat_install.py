@@ -86,11 +86,15 @@ import shutil
 modules = load("modules")
 code = os.path.join(INPUTS["root"], "code-" + PKG)
 target = os.path.join(INPUTS["root"], "site-" + PKG)
-os.environ["PIP_TARGET"] = target
+# Each side's requests carry its package's name in their user agents
+# (botocore's app id, pip's user data), so the server can tell them apart.
+side = {"PIP_TARGET": target, "AWS_SDK_UA_APP_ID": PKG, "PIP_USER_AGENT_USER_DATA": PKG}
+os.environ.update(side)
 try:
     got = attempt(getattr(modules, INPUTS["call"]), code)
 finally:
-    os.environ.pop("PIP_TARGET")
+    for name in side:
+        os.environ.pop(name)
 result = {"got": got, "installed": sorted(os.listdir(target)) if os.path.isdir(target) else None}
 '''
 
@@ -104,18 +108,15 @@ def _code_dirs(root, files):
 
 
 def _by_side(requests):
-    """The requests each package's pip and boto3 made, told apart by their
-    user agents (the reference's venv has other pip and botocore versions)."""
-    import pip
-    import botocore
-
-    ours = ("pip/%s " % pip.__version__, "Botocore/%s" % botocore.__version__)
-    sides = {"ours": [], "reference": []}
+    """The requests each package's pip and boto3 made, told apart by the
+    package's name in their user agents (THROUGH_INDEX puts it there: the two
+    venvs may have the same pip and botocore)."""
+    sides = {"training_toolkit": [], "sagemaker_training": []}
     for r in requests:
-        side = "ours" if r["agent"].startswith(ours[0]) or r["agent"].endswith(ours[1]) \
-            else "reference"
+        side = "training_toolkit" if "training_toolkit" in r["agent"] else "sagemaker_training"
+        assert side in r["agent"], r["agent"]
         sides[side].append((r["method"], r["path"], sorted(r["query"].items()), r["authorized"]))
-    return sides["reference"], sides["ours"]
+    return sides["sagemaker_training"], sides["training_toolkit"]
 
 
 def _env(codeartifact, tmp_path, **extra):
