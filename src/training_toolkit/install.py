@@ -15,10 +15,11 @@ import os
 import signal
 import sys
 
+from . import params
 from .errors import ConfigError, InstallModuleError, InstallRequirementsError
 from .supervise import Terminated
 
-CA_REPOSITORY_ARN_ENV = "CA_REPOSITORY_ARN"
+CA_REPOSITORY_ARN_ENV = params.CA_REPOSITORY_ARN_ENV
 # What the reference toolkit accepts (any partition, region and account; the
 # repository is the rest), whitespace excepted.
 _CA_ARN = (r"arn:(?P<partition>[^:\s]+):codeartifact:(?P<region>[^:\s]+):(?P<account>[^:\s]+)"

@@ -11,10 +11,11 @@ CA_REPOSITORY_ARN set, pip installs from that CodeArtifact repository (see
 import importlib
 import os
 
+from . import params
 from .errors import InstallModuleError, InstallRequirementsError
 
 DEFAULT_MODULE_NAME = "default_user_module_name"
-CA_REPOSITORY_ARN_ENV = "CA_REPOSITORY_ARN"  # install.CA_REPOSITORY_ARN_ENV
+CA_REPOSITORY_ARN_ENV = params.CA_REPOSITORY_ARN_ENV
 
 _SETUP_PY = """from setuptools import setup
 

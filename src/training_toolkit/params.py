@@ -67,6 +67,8 @@ GRACE_ENV = "SM_TERMINATION_GRACE_SECONDS"
 # The interpreter of the user's code when it is not the one `train` runs on
 # (a user's conda env or venv beside the toolkit's own).
 JOB_PYTHON_ENV = "TRAINING_TOOLKIT_PYTHON"
+# An AWS CodeArtifact repository every pip install of the job goes through.
+CA_REPOSITORY_ARN_ENV = "CA_REPOSITORY_ARN"
 DEFAULT_GRACE_SECONDS = 110.0
 MAX_GRACE_SECONDS = 86400  # a day: longer is a mistake, and timers cannot wait forever
 DEFAULT_MASTER_PORT = 7777

@@ -10,8 +10,8 @@ import time
 
 from . import entry_point, log, params
 from .environment import Environment
-from .errors import (ClientError, ConfigError, FrameworkError, InternalError, OutputWriteError,
-                     ToolkitError, UsageError)
+from .errors import (ClientError, FrameworkError, InternalError, OutputWriteError, ToolkitError,
+                     UsageError)
 from .paths import JobPaths
 from .report import Reporter
 from .supervise import Supervisor, Terminated
