@@ -11,7 +11,8 @@ def read(name):
 setup(
     name="training-toolkit",
     version="0.1.0",
-    description="Entrypoint of ML training containers: a drop-in for the SageMaker training contract",
+    description=("Entrypoint of ML training containers: "
+                 "a drop-in for the SageMaker training contract"),
     long_description=read("README.md"),
     long_description_content_type="text/markdown",
     packages=find_packages("src"),

@@ -13,7 +13,7 @@ container, and a 2-container MPI job.
             --entrypoint python3 IMAGE /opt/ml/code/job.py` (the same script,
             no toolkit) in the same image; medians of --runs runs, alternated.
   mpi       2 containers x 2 ranks of a trivial MPI job (mpi4py Barrier) in the
-            byo-mpi image (training_toolkit.containers.Cluster): wall time of each
+            byo-mpi image (training_toolkit.rehearsal.containers.Cluster): wall time of each
             container's `<engine> run` (start to exit), and of the whole (image
             check, network create, containers, network removed); fresh job trees
             and network each run; medians of --mpi-runs runs. Target: <= 4 s per
@@ -31,8 +31,8 @@ import threading
 import time
 
 import common
-from training_toolkit import containers
-from training_toolkit.jobtree import reset_run_state, write_job_tree
+from training_toolkit.rehearsal import containers
+from training_toolkit.rehearsal.jobtree import reset_run_state, write_job_tree
 
 ROOT = os.path.dirname(common.HERE)
 IMAGE_CHECK = os.path.join(ROOT, "scripts", "image-check.sh")

@@ -99,8 +99,8 @@ def csv_block(rows, seed):
     r = random.Random(seed)
     return "".join(
         "%d,%s,%.8f,%.6f,%d,%s\n"
-        % (i, r.choice(("train", "test", "valid")), r.gauss(0, 1), r.random() * 1000, r.randrange(10**6),
-           r.choice(("cat", "dog", "bird", "fish", "horse")))
+        % (i, r.choice(("train", "test", "valid")), r.gauss(0, 1), r.random() * 1000,
+           r.randrange(10**6), r.choice(("cat", "dog", "bird", "fish", "horse")))
         for i in range(rows)
     ).encode()
 
@@ -119,7 +119,8 @@ def build_compressible(path):
         _add(tar, "code/train.py", [b"print('train')\n"], 15)
         _add(tar, "data/train.csv", [block] * 18, csv_size)
         _add(tar, "model/weights.bin", [bytes(weights)], len(weights))
-    return "%.0f MB CSV text + %.0f MB weights (1%% non-zero)" % (csv_size / 1e6, len(weights) / 1e6)
+    return ("%.0f MB CSV text + %.0f MB weights (1%% non-zero)"
+            % (csv_size / 1e6, len(weights) / 1e6))
 
 
 def build_high_ratio(path, size=400 * 10**6):
@@ -130,7 +131,8 @@ def build_high_ratio(path, size=400 * 10**6):
         block[i] = r.randrange(1, 256)
     block = bytes(block)
     with tarfile.open(path, "w:gz", compresslevel=6) as tar:
-        _add(tar, "weights.bin", [block[: min(len(block), size - i)] for i in range(0, size, len(block))], size)
+        _add(tar, "weights.bin",
+             [block[: min(len(block), size - i)] for i in range(0, size, len(block))], size)
 
 
 def raw_size(path):
@@ -181,7 +183,8 @@ def tar_xzf(path, dest):
 
 def tarfile_stream(path, dest):
     """The fetch before isal: tarfile's own gzip stream, 1 MiB reads."""
-    with open(path, "rb") as f, tarfile.open(fileobj=f, mode="r|gz", bufsize=MiB, copybufsize=MiB) as tar:
+    with open(path, "rb") as f, tarfile.open(fileobj=f, mode="r|gz", bufsize=MiB,
+                                             copybufsize=MiB) as tar:
         for member in tar:
             tar.extract(member, dest, **DATA_FILTER)
 
@@ -260,10 +263,12 @@ def print_table(title, times, size_mb=None):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="runs of each contender (default 5)")
-    parser.add_argument("--ratio-check", action="store_true", help="also time a 400 MB file at 78:1")
+    parser.add_argument("--ratio-check", action="store_true",
+                        help="also time a 400 MB file at 78:1")
     args = parser.parse_args()
     print("command: %s" % command_line())
-    print("load average at start: %.2f %.2f %.2f; %d CPUs" % (os.getloadavg() + (os.cpu_count(),)), flush=True)
+    print("load average at start: %.2f %.2f %.2f; %d CPUs" % (os.getloadavg() + (os.cpu_count(),)),
+          flush=True)
 
     work = tempfile.mkdtemp(prefix="bench-fetch-")
     try:
@@ -278,11 +283,14 @@ def main():
         for name, path in archives.items():
             size_mb = raw_size(path) / 1e6
             times = time_alternating(
-                {k: (lambda dest, f=f: f(path)) for k, f in decompressors().items()}, args.runs, work, check_same=False)
-            print_table("decompress %s (%.0f MB out), local file to its end" % (name, size_mb), times, size_mb)
+                {k: (lambda dest, f=f: f(path)) for k, f in decompressors().items()},
+                args.runs, work, check_same=False)
+            print_table("decompress %s (%.0f MB out), local file to its end" % (name, size_mb),
+                        times, size_mb)
 
         with fake_aws_env(), moto_server() as endpoint:
-            uris = {name: upload(endpoint, BUCKET, name + "/sourcedir.tar.gz", path) for name, path in archives.items()}
+            uris = {name: upload(endpoint, BUCKET, name + "/sourcedir.tar.gz", path)
+                    for name, path in archives.items()}
             print("\nmoto %s on 127.0.0.1" % endpoint, flush=True)
             for name, path in archives.items():
                 size_mb = raw_size(path) / 1e6
@@ -309,7 +317,8 @@ def main():
                     "fetch_code (local file)": lambda dest: fetch_code(path, dest),
                 },
                 args.runs, work)
-            print_table("%.0f MB at %.0f:1 (local file)" % (size_mb, size_mb * 1e6 / os.path.getsize(path)),
+            print_table("%.0f MB at %.0f:1 (local file)"
+                        % (size_mb, size_mb * 1e6 / os.path.getsize(path)),
                         times, size_mb)
     finally:
         shutil.rmtree(work, ignore_errors=True)

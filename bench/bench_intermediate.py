@@ -42,7 +42,7 @@ sys.path.insert(0, HERE)
 import common  # noqa: E402
 from s3_fixtures import (FAKE_AWS_ENV, _die_with_parent, _free_port, _stop,  # noqa: E402
                          _wait_until_answering, fake_aws_env)
-from training_toolkit.jobtree import write_job_tree  # noqa: E402
+from training_toolkit.rehearsal.jobtree import write_job_tree  # noqa: E402
 
 BUCKET = "bench-intermediate"
 S3_OUTPUT = "s3://%s/out" % BUCKET
@@ -447,7 +447,8 @@ def run_all(args, only, server):
         if "latency" in only:
             print("\n## close/rename -> visible in S3 (%d runs x %d files, 100 kB each, half "
                   "renamed into place)" % (args.runs, args.events), flush=True)
-            stats = {c.name: {"close": [], "rename": [], "lost_during": 0, "lost": 0, "extra": set()}
+            stats = {c.name: {"close": [], "rename": [], "lost_during": 0, "lost": 0,
+                              "extra": set()}
                      for c in contenders}
             for i in range(args.runs):
                 for c in rotate(i):

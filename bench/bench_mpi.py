@@ -1,4 +1,4 @@
-"""Multi-host MPI on the simulated cluster (training_toolkit.simcluster):
+"""Multi-host MPI on the simulated cluster (training_toolkit.rehearsal.simcluster):
 2 hosts x 2 processes, `train` started in each host at once.
 
   success  every rank calls MPI Barrier and exits 0: wall time of each host's `train`.
@@ -32,9 +32,9 @@ import threading
 import time
 
 import common
-from training_toolkit.jobtree import write_job_tree
+from training_toolkit.rehearsal.jobtree import write_job_tree
 from training_toolkit.runners.mpi import MPI_OPTIONS
-from training_toolkit.simcluster import SimCluster
+from training_toolkit.rehearsal.simcluster import SimCluster
 
 HOSTS = ["algo-1", "algo-2"]
 MPI_HPS = {"sagemaker_mpi_enabled": True, "sagemaker_mpi_num_of_processes_per_host": 2}

@@ -1,7 +1,7 @@
 """Trivial-job overhead: `train` on a job whose script prints one line and
 exits, against `python3 job.py` run directly by the same venv's python.
 
-Each toolkit gets its own job tree (training_toolkit.jobtree.write_job_tree),
+Each toolkit gets its own job tree (training_toolkit.rehearsal.jobtree.write_job_tree),
 with sagemaker_submit_directory pointing at a local source dir. By default the
 code is already in code/ (both toolkits then skip the copy); --copy-code
 empties code/ before every run so that each run copies the submit dir.
@@ -14,7 +14,7 @@ import os
 import shutil
 
 import common
-from training_toolkit.jobtree import write_job_tree
+from training_toolkit.rehearsal.jobtree import write_job_tree
 
 TARGET_S = 0.050
 SCRIPT = 'print("hello from a trivial job")\n'

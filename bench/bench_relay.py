@@ -45,7 +45,7 @@ import subprocess
 import sys
 
 import common
-from training_toolkit.jobtree import write_job_tree
+from training_toolkit.rehearsal.jobtree import write_job_tree
 
 TARGET_RATIO = 1.5
 DEFAULT_MB = 2000
@@ -72,8 +72,8 @@ def main():
 # a 1 MiB pipe) and relays to its own stderr, read by cat.
 CHOICES = """\
 import os, sys
-from training_toolkit import supervise
-from training_toolkit.supervise import LineRelay, READ_CHUNK
+from training_toolkit.supervise import relay as stderr_relay
+from training_toolkit.supervise.relay import LineRelay, READ_CHUNK
 
 class NoLines(LineRelay):  # copying without looking at the data: a copy's floor
     def run(self):
@@ -109,13 +109,13 @@ choice = sys.argv[1]
 grow_destination = choice.endswith("+grow")
 choice = choice.replace("+grow", "")
 if choice == "copy-4MiB":  # the copying relay with 4 MiB pipes and reads (needs root)
-    supervise.PIPE_BYTES = supervise.READ_CHUNK = 4 << 20
-read_end, write_end = supervise._relay_pipe()
-grow = supervise._grow_pipe
+    stderr_relay.PIPE_BYTES = stderr_relay.READ_CHUNK = 4 << 20
+read_end, write_end = stderr_relay._relay_pipe()
+grow = stderr_relay._grow_pipe
 if grow_destination:
     grow(2)
 else:  # the splice path must not grow our stderr either
-    supervise._grow_pipe = lambda fd: None if fd == 2 else grow(fd)
+    stderr_relay._grow_pipe = lambda fd: None if fd == 2 else grow(fd)
 pid = os.fork()
 if pid == 0:
     os.dup2(write_end, 2)

@@ -4,7 +4,7 @@ run, with where train's time goes), its growth with the host count (N hosts x
 1 process, a chart in docs/), and the time from a failing rank's exit to the
 last host's exit (cross-host fail-fast).
 
-Runs as root (simulated hosts are Linux namespaces; training_toolkit.simcluster)
+Runs as root (simulated hosts are Linux namespaces; training_toolkit.rehearsal.simcluster)
 with the python that runs this script, which needs torch (the CPU build).
 """
 import datetime
@@ -20,9 +20,9 @@ import time
 import common
 
 sys.path.insert(0, os.path.join(common.HERE, "..", "test"))
-from cluster_jobs import ClusterJob  # noqa: E402
-from training_toolkit.distributed import Torchrun  # noqa: E402
-from training_toolkit import rank  # noqa: E402
+from cluster_jobs import ClusterJob
+from training_toolkit.distributed import Torchrun
+from training_toolkit.cluster import rank
 
 OVERHEAD_TARGET_S = 0.5
 FAIL_FAST_TARGET_S = 5.0

@@ -2,7 +2,7 @@
 exit code, however busy the machine is.
 
 Runs the MPI and the torchrun rank-failure jobs RUNS times each on the
-simulated cluster (training_toolkit.simcluster): 2 hosts x 2 processes, rank
+simulated cluster (training_toolkit.rehearsal.simcluster): 2 hosts x 2 processes, rank
 3 (on algo-2, the worker) exits 3 once every rank is up, the others sleep.
 Meanwhile LOAD CPU-bound processes (`python3 -c 'while 1: pass'`) keep the
 machine's cores busy, so that `train`, the launchers and the rank wrappers
@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "test"))
 
 from cluster_jobs import ClusterJob  # noqa: E402
 from training_toolkit.distributed import Torchrun  # noqa: E402
-from training_toolkit.simcluster import check_supported  # noqa: E402
+from training_toolkit.rehearsal.simcluster import check_supported  # noqa: E402
 
 FAIL_RANK, FAIL_HOST, FAIL_CODE = 3, "algo-2", 3
 

@@ -30,7 +30,7 @@ CONTEXT=${TT_BUILD_CONTEXT:-.}
 IMAGES=(byo-slim=byo-slim byo-mpi=byo-mpi,byo-slim framework=byo-mpi,framework,byo-slim
         separate-env=byo-slim,separate-env)
 
-# The same choice as training_toolkit.containers.engine().
+# The same choice as training_toolkit.rehearsal.containers.engine().
 if command -v docker >/dev/null && docker info >/dev/null 2>&1; then ENGINE=docker; else ENGINE=podman; fi
 
 build_flags=()

@@ -45,7 +45,6 @@ at an empty file so a config on this machine cannot change the output.
 """
 import argparse
 import filecmp
-import json
 import os
 import shutil
 import sys

@@ -11,8 +11,8 @@ import pytest
 
 from jobs import TRAIN
 from training_toolkit.distributed import write_job
-from training_toolkit.jobtree import write_job_tree
-from training_toolkit.simcluster import SimCluster, SimClusterUnavailable, check_supported
+from training_toolkit.rehearsal.jobtree import write_job_tree
+from training_toolkit.rehearsal.simcluster import SimCluster, SimClusterUnavailable, check_supported
 
 
 def require_cluster():
@@ -121,7 +121,7 @@ class ClusterJob:
         if still_running:
             try:
                 left = self.job_processes()
-            except Exception as e:  # noqa: BLE001 - the message must still come out
+            except Exception as e:  # the message must still come out
                 left = "(cannot list them: %r)" % e
             raise AssertionError(
                 "waited %s s for `train` to end on %s; still running there. Their stderr "

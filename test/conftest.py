@@ -22,9 +22,9 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from s3_fixtures import *  # noqa: E402,F401,F403
+from s3_fixtures import *  # noqa: F403
 
-from jobs import kill_started  # noqa: E402
+from jobs import kill_started
 
 # A test module whose source holds one of these runs jobs on simulated hosts
 # or talks to the control channel between hosts.
@@ -60,7 +60,7 @@ def pytest_collection_modifyitems(config, items):
     if not config.pluginmanager.hasplugin("timeout"):
         warnings.warn(pytest.PytestConfigWarning(
             "pytest-timeout is not installed (pip install -e '.[test]'): the multi-host and "
-            "control-channel tests have only their helpers' bounds"))
+            "control-channel tests have only their helpers' bounds"), stacklevel=1)
         return
     for item in items:
         module = getattr(item, "module", None)

@@ -8,7 +8,7 @@ import sys
 import textwrap
 import time
 
-from training_toolkit.jobtree import write_job_tree
+from training_toolkit.rehearsal.jobtree import write_job_tree
 
 # The console script next to this interpreter (not a pyenv shim).
 TRAIN = os.path.join(os.path.dirname(sys.executable), "train")

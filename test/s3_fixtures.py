@@ -118,7 +118,8 @@ def moto_server(host="127.0.0.1", ready_timeout_s=60):
             finally:
                 _stop(proc)
         log.seek(0)
-        raise RuntimeError("moto server did not start:\n" + log.read()[-2000:].decode(errors="replace"))
+        raise RuntimeError("moto server did not start:\n"
+                           + log.read()[-2000:].decode(errors="replace"))
     finally:
         log.close()
 
@@ -169,7 +170,8 @@ class FaultyProxy:
     that ends before reaching ``fault_after_bytes`` is not counted).
     """
 
-    def __init__(self, upstream, reset_share=0.0, stall_share=0.0, fault_after_bytes=64 * 1024, seed=0):
+    def __init__(self, upstream, reset_share=0.0, stall_share=0.0, fault_after_bytes=64 * 1024,
+                 seed=0):
         host, port = upstream.split("//", 1)[-1].rstrip("/").rsplit(":", 1)
         self.upstream = (host, int(port))
         self.reset_share = reset_share
@@ -184,7 +186,8 @@ class FaultyProxy:
         self._sockets = set()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.url = "http://127.0.0.1:%d" % self._listener.getsockname()[1]
-        self._acceptor = threading.Thread(target=self._accept_loop, name="faulty-proxy", daemon=True)
+        self._acceptor = threading.Thread(target=self._accept_loop, name="faulty-proxy",
+                                          daemon=True)
         self._acceptor.start()
 
     def __enter__(self):
@@ -219,9 +222,12 @@ class FaultyProxy:
             except OSError:
                 return  # listener closed
             draw = self._random.random()
-            fate = "reset" if draw < self.reset_share else "stall" if draw < self.reset_share + self.stall_share else "pass"
+            fate = ("reset" if draw < self.reset_share
+                    else "stall" if draw < self.reset_share + self.stall_share
+                    else "pass")
             self.connections += 1
-            threading.Thread(target=self._serve, args=(self._track(client), fate), daemon=True).start()
+            threading.Thread(target=self._serve, args=(self._track(client), fate),
+                             daemon=True).start()
 
     def _serve(self, client, fate):
         """Pump both directions in this one thread: a reset must close the
@@ -246,7 +252,8 @@ class FaultyProxy:
                         peer[src].shutdown(socket.SHUT_WR)
                         continue
                     # Faults go on the way back, where the client reads a response.
-                    if src is upstream and fate != "pass" and sent_back + len(data) >= self.fault_after_bytes:
+                    if (src is upstream and fate != "pass"
+                            and sent_back + len(data) >= self.fault_after_bytes):
                         client.sendall(data[: self.fault_after_bytes - sent_back])
                         self._inject(client, fate)
                         return

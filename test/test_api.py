@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from jobs import Job
-from training_toolkit import entry_point, environment, runner
+from training_toolkit import environment, runner
 from training_toolkit.errors import ConfigError
 from training_toolkit.runners import RunnerType
 

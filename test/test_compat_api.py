@@ -65,7 +65,8 @@ def test_execute_user_script_error_shapes():
     assert reference_shape.exit_code == 2 and reference_shape.extra_info == "info"
     assert reference_shape.stderr_tail == "out"
     assert positional_tail.stderr_tail == tail
-    assert errors.ExecuteUserScriptError(["x"], "3").return_code == 3  # the reference passes str too
+    # The reference passes str too.
+    assert errors.ExecuteUserScriptError(["x"], "3").return_code == 3
     assert errors.ExecuteUserScriptError(["x"]).exit_code == 1
     # A tail cut inside a multi-byte character still prints.
     assert "\ufffd" in str(errors.ExecuteUserScriptError(["x"], 1, "é".encode()[:1]))

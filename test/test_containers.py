@@ -1,7 +1,7 @@
 """The images of docker/ as real containers (podman, or docker where a Docker
 engine answers): a job in one container of each image, and jobs across two
 containers on a network of their own, hostnamed and reachable as algo-1 and
-algo-2, each with its own job tree at /opt/ml (training_toolkit.containers,
+algo-2, each with its own job tree at /opt/ml (training_toolkit.rehearsal.containers,
 which `training-toolkit local --image` uses too).
 
 The images are built once per session by `scripts/image-check.sh
@@ -20,8 +20,8 @@ import time
 import pytest
 
 from test_mpi import ALLREDUCE, MPI_HPS
-from training_toolkit import containers
-from training_toolkit.jobtree import write_job_tree
+from training_toolkit.rehearsal import containers
+from training_toolkit.rehearsal.jobtree import write_job_tree
 
 pytestmark = pytest.mark.containers
 

@@ -21,8 +21,9 @@ import psutil
 import pytest
 
 from cluster_jobs import ClusterJob, require_cluster
-from training_toolkit import control
-from training_toolkit.jobtree import write_job_tree
+from training_toolkit.cluster import control
+from training_toolkit.rehearsal.jobtree import write_job_tree
+from training_toolkit.report import Reporter
 
 KEY = b"k" * 32
 # The units run in this process and on loopback: seconds each. The jobs on
@@ -113,7 +114,7 @@ def bounded(call, timeout, what):
     def run():
         try:
             done.append(call())
-        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
+        except BaseException as e:  # re-raised in the test's thread
             failed.append(e)
 
     thread = threading.Thread(target=run, daemon=True)
@@ -317,11 +318,11 @@ def test_unauthenticated_peer_cannot_register_as_a_worker(master):
 
 def test_worker_with_another_key_is_refused_with_a_reason(master):
     from training_toolkit.errors import ClusterError
-    from training_toolkit.runners.coordination import JobWorker
+    from training_toolkit.cluster.coordination import JobWorker
 
     with pytest.raises(ClusterError, match=control.JOB_SECRET_ENV):
         JobWorker("127.0.0.1", master.port, "algo-2", time.monotonic() + 10,
-                  lambda sig, grace: None, 1.0, b"x" * 32)
+                  lambda sig, grace: None, 1.0, b"x" * 32, Reporter(None))
     assert master.wait_for_workers(time.monotonic()) == ["algo-2"]
 
 
@@ -339,11 +340,11 @@ def test_a_lost_rank_report_does_not_hang_the_master(monkeypatch, capfd):
     """After the launcher ended 0 the master waits for the ranks' reports
     still in flight; one that was lost (its connection failed, say) must not
     keep it waiting forever: the launcher's 0 stands, with a warning."""
-    from training_toolkit.runners import coordination
+    from training_toolkit.cluster import coordination
     from training_toolkit.supervise import Outcome
 
     monkeypatch.setattr(coordination, "REPORTS_WAIT_S", 0.3, raising=False)
-    job = coordination.JobMaster(0, [], lambda sig, grace: None, KEY)
+    job = coordination.JobMaster(0, [], lambda sig, grace: None, KEY, Reporter(None))
     try:
         control.send_once("127.0.0.1", job.control.port, KEY,
                           {"type": "rank_exit", "rank": 0, "host": "algo-1", "exit_code": 0,
@@ -391,7 +392,7 @@ class StandInMaster:
                 conn.sendall(data)
             reader.read()  # until the worker hangs up
             conn.close()
-        except Exception as e:  # noqa: BLE001 - reported by close()
+        except Exception as e:  # reported by close()
             self.error = e
 
     def close(self):
@@ -405,10 +406,10 @@ def _worker_outcome(port, stops):
     """A real JobWorker's outcome from the master at `port`; fails in 5 s
     naming what it waited for when no verdict it accepts comes (it took an
     instruction that was not genuine, and so drops the genuine verdict)."""
-    from training_toolkit.runners.coordination import JobWorker
+    from training_toolkit.cluster.coordination import JobWorker
 
     worker = JobWorker("127.0.0.1", port, "algo-2", time.monotonic() + 10,
-                       lambda sig, grace: stops.append(sig), 1.0, KEY)
+                       lambda sig, grace: stops.append(sig), 1.0, KEY, Reporter(None))
     try:
         outcome = bounded(lambda: worker.outcome(False), 5, lambda: (
             "the worker's verdict, which the master sent at once (signals the worker stopped "

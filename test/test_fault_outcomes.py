@@ -18,9 +18,10 @@ import pytest
 from cluster_jobs import ClusterJob, require_cluster
 from jobs import Job, wait_for
 from s3_fixtures import make_tar_gz
-from training_toolkit import control
-from training_toolkit.jobtree import write_job_tree
-from training_toolkit.runners import coordination, mpi
+from training_toolkit.cluster import control, coordination
+from training_toolkit.rehearsal.jobtree import write_job_tree
+from training_toolkit.report import Reporter
+from training_toolkit.runners import mpi
 from training_toolkit.supervise import Outcome
 
 
@@ -177,10 +178,11 @@ def two_hosts():
     """A master's JobMaster (fail-fast on) and a worker's JobWorker, linked;
     yields (master, worker, the master's local stops)."""
     stops = []
-    master = coordination.JobMaster(0, ["algo-2"], lambda sig, grace: stops.append(sig), KEY)
+    master = coordination.JobMaster(0, ["algo-2"], lambda sig, grace: stops.append(sig), KEY,
+                                    Reporter(None))
     deadline = time.monotonic() + 10
     worker = coordination.JobWorker("127.0.0.1", master.control.port, "algo-2", deadline,
-                                    lambda sig, grace: None, 5.0, KEY)
+                                    lambda sig, grace: None, 5.0, KEY, Reporter(None))
     master.wait_for_workers(deadline)
     master.fail_fast(grace=0.5)
     yield master, worker, stops
@@ -272,7 +274,7 @@ def test_mpirun_naming_the_failed_rank_decides_when_its_report_was_lost(monkeypa
     assert mpi.first_failed(b"mpirun noticed that process rank 1 with PID 4242 on node algo-1 "
                             b"exited on signal 9 (Killed).\n", None) == (1, "algo-1", 137)
     assert mpi.first_failed(b"[algo-1,0]<stdout>:all well\n", None) is None
-    master = coordination.JobMaster(0, [], lambda sig, grace: None, KEY)
+    master = coordination.JobMaster(0, [], lambda sig, grace: None, KEY, Reporter(None))
     try:
         outcome = master.verdict(Outcome(3, MPIRUN_NOTICE, False), tail_of=mpi.rank_lines,
                                  launcher_failure=named)

@@ -93,20 +93,23 @@ def test_local_directory_that_is_the_code_dir_is_left_alone(job):
 
 @pytest.mark.parametrize("prefix", ["", "file://"])
 def test_local_tar_gz_is_extracted(job, prefix):
-    archive = make_tar_gz(job / "sourcedir.tar.gz", {"train.py": b"print(1)\n", "lib/util.py": b"Y = 2\n"})
+    archive = make_tar_gz(job / "sourcedir.tar.gz",
+                          {"train.py": b"print(1)\n", "lib/util.py": b"Y = 2\n"})
     code = job / "job" / "code"
 
     result = fetch_code(prefix + archive, str(code))
 
     assert "extracted 2 members" in result
-    assert tree(code) == {"train.py": ("file", b"print(1)\n"), "lib": ("dir", None), "lib/util.py": ("file", b"Y = 2\n")}
+    assert tree(code) == {"train.py": ("file", b"print(1)\n"), "lib": ("dir", None),
+                          "lib/util.py": ("file", b"Y = 2\n")}
     assert leftovers(job / "job") == []
 
 
 def test_executable_bit_is_preserved(job):
     archive = make_tar_gz(
         job / "a.tar.gz",
-        [(member("run.sh", mode=0o755), b"#!/bin/sh\necho ok\n"), (member("data.txt", mode=0o644), b"x")],
+        [(member("run.sh", mode=0o755), b"#!/bin/sh\necho ok\n"),
+         (member("data.txt", mode=0o644), b"x")],
     )
     code = job / "job" / "code"
     fetch_code(archive, str(code))
@@ -132,7 +135,8 @@ def test_missing_local_file_is_not_found(job):
 
 def test_corrupt_archive_is_a_fetch_error(job):
     good = open(make_tar_gz(job / "good.tar.gz", {"a.py": os.urandom(50000)}), "rb").read()
-    for name, data in [("garbage.tar.gz", b"not a gzip file at all"), ("truncated.tar.gz", good[: len(good) // 2])]:
+    for name, data in [("garbage.tar.gz", b"not a gzip file at all"),
+                       ("truncated.tar.gz", good[: len(good) // 2])]:
         path = job / name
         path.write_bytes(data)
         with pytest.raises(errors.CodeFetchError) as exc:
@@ -153,7 +157,8 @@ def tar_bytes():
     """A whole tar: an entry point that prints 'ran', then two more files."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data in (("train.py", b"print('ran')\n"), ("model.bin", PAYLOAD), ("last.txt", b"end\n")):
+        for name, data in (("train.py", b"print('ran')\n"), ("model.bin", PAYLOAD),
+                           ("last.txt", b"end\n")):
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
@@ -223,7 +228,8 @@ def test_corrupt_archive_is_refused(job, gzip_impl, case):
 
 def test_whole_archive_is_extracted_by_each_decompressor(job, gzip_impl):
     path = job / "sourcedir.tar.gz"
-    path.write_bytes(gzip.compress(tar_bytes(), mtime=0) + b"\0" * 100)  # zero padding after the trailer is allowed
+    # Zero padding after the trailer is allowed.
+    path.write_bytes(gzip.compress(tar_bytes(), mtime=0) + b"\0" * 100)
     assert "extracted 3 members" in fetch_code(str(path), str(job / "job" / "code"))
     assert (job / "job" / "code" / "model.bin").read_bytes() == PAYLOAD
 
@@ -333,7 +339,8 @@ UNSAFE = {
 }
 
 
-@pytest.mark.parametrize("tar_filter", ["data", "fully_trusted"], ids=["with-data-filter", "without-filter"])
+@pytest.mark.parametrize("tar_filter", ["data", "fully_trusted"],
+                         ids=["with-data-filter", "without-filter"])
 @pytest.mark.parametrize("case", sorted(UNSAFE))
 def test_unsafe_archive_is_refused(job, monkeypatch, case, tar_filter):
     # Without tarfile's data filter our own checks must still hold.
@@ -355,7 +362,8 @@ def test_unsafe_archive_is_refused(job, monkeypatch, case, tar_filter):
 def test_unsafe_archive_leaves_existing_empty_code_dir_empty(job):
     code = job / "job" / "code"
     code.mkdir()
-    archive = make_tar_gz(job / "u.tar.gz", [(member("good.py"), b"x"), (member("../evil.py"), b"x")])
+    archive = make_tar_gz(job / "u.tar.gz",
+                          [(member("good.py"), b"x"), (member("../evil.py"), b"x")])
     with pytest.raises(errors.UnsafeArchiveError):
         fetch_code(archive, str(code))
     assert os.listdir(code) == [] and leftovers(job / "job") == []
@@ -398,7 +406,8 @@ def assert_extracted(code, content):
     assert os.stat(code / "bin" / "run.sh").st_mode & 0o777 == 0o755
 
 
-@pytest.mark.parametrize("min_chunk", [None, 64 * 1024], ids=["one-chunk", "more-chunks-than-workers"])
+@pytest.mark.parametrize("min_chunk", [None, 64 * 1024],
+                         ids=["one-chunk", "more-chunks-than-workers"])
 def test_s3_archive_is_streamed_and_extracted(job, s3_server, fast_s3, monkeypatch, min_chunk):
     if min_chunk:  # 3 MB in 375 kB chunks: 8 chunks, twice the read-ahead window
         monkeypatch.setattr(fetch, "_MIN_CHUNK", min_chunk)
@@ -409,20 +418,23 @@ def test_s3_archive_is_streamed_and_extracted(job, s3_server, fast_s3, monkeypat
 
     result = fetch_code(uri, str(code), endpoint_url=s3_server, log=lambda line: None)
 
-    assert re.match(r"downloaded \d+\.\d MB from %s and extracted 5 members in " % re.escape(uri), result)
+    assert re.match(r"downloaded \d+\.\d MB from %s and extracted 5 members in " % re.escape(uri),
+                    result)
     assert_extracted(code, content)
     assert leftovers(job / "job") == []
 
 
 def test_s3_endpoint_comes_from_the_environment(job, s3_server, fast_s3, monkeypatch):
-    uri = upload(s3_server, BUCKET, "env/sourcedir.tar.gz", make_tar_gz(job / "s.tar.gz", {"a.py": b"A"}))
+    uri = upload(s3_server, BUCKET, "env/sourcedir.tar.gz",
+                 make_tar_gz(job / "s.tar.gz", {"a.py": b"A"}))
     monkeypatch.setenv("S3_ENDPOINT_URL", s3_server)
     fetch_code(uri, str(job / "job" / "code"), log=lambda line: None)
     assert (job / "job" / "code" / "a.py").read_bytes() == b"A"
 
 
 def test_s3_unsafe_archive_is_refused(job, s3_server, fast_s3):
-    archive = make_tar_gz(job / "u.tar.gz", [(member("ok.py"), b"x"), (member("../../evil.py"), b"x")])
+    archive = make_tar_gz(job / "u.tar.gz",
+                          [(member("ok.py"), b"x"), (member("../../evil.py"), b"x")])
     uri = upload(s3_server, BUCKET, "unsafe/sourcedir.tar.gz", archive)
     with pytest.raises(errors.UnsafeArchiveError) as exc:
         fetch_code(uri, str(job / "job" / "code"), endpoint_url=s3_server, log=lambda line: None)
@@ -440,7 +452,8 @@ def test_s3_corrupt_archive_is_a_fetch_error(job, s3_server, fast_s3):
 
 @pytest.mark.parametrize("case", ["gzip CRC error", "tar cut at a member boundary"])
 def test_s3_incomplete_archive_is_refused(job, s3_server, fast_s3, case):
-    uri = upload(s3_server, BUCKET, "incomplete/%s.tar.gz" % case.replace(" ", "-"), CORRUPT[case]())
+    uri = upload(s3_server, BUCKET, "incomplete/%s.tar.gz" % case.replace(" ", "-"),
+                 CORRUPT[case]())
     with pytest.raises(errors.CodeFetchError) as exc:
         fetch_code(uri, str(job / "job" / "code"), endpoint_url=s3_server, log=lambda line: None)
     assert type(exc.value) is errors.CodeFetchError
@@ -466,13 +479,15 @@ def test_s3_access_denied_fails_fast(job, s3_server):
     policy = {
         "Version": "2012-10-17",
         "Statement": [
-            {"Effect": "Deny", "Principal": "*", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::%s/*" % bucket}
+            {"Effect": "Deny", "Principal": "*", "Action": "s3:GetObject",
+             "Resource": "arn:aws:s3:::%s/*" % bucket}
         ],
     }
     s3_client(s3_server).put_bucket_policy(Bucket=bucket, Policy=json.dumps(policy))
     start = time.monotonic()
     with pytest.raises(errors.AccessDeniedError) as exc:
-        fetch_code(uri, str(job / "job" / "code"), endpoint_url=s3_server, deadline_s=30, log=lambda line: None)
+        fetch_code(uri, str(job / "job" / "code"), endpoint_url=s3_server, deadline_s=30,
+                   log=lambda line: None)
     assert time.monotonic() - start < 5
     assert uri in str(exc.value) and exc.value.exit_code == 77
     assert os.listdir(job / "job") == []
@@ -481,7 +496,8 @@ def test_s3_access_denied_fails_fast(job, s3_server):
 def client_error(status, code):
     from botocore.exceptions import ClientError
 
-    return ClientError({"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
+    return ClientError({"Error": {"Code": code, "Message": "m"},
+                        "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
 
 
 @pytest.mark.parametrize(
@@ -516,7 +532,8 @@ def test_s3_faults_are_retried(job, faulty_s3, s3_server, fast_s3):
     assert_extracted(code, content)
 
 
-@pytest.mark.parametrize("fault_after_bytes", [0, 64 * 1024], ids=["stall-at-once", "stall-mid-body"])
+@pytest.mark.parametrize("fault_after_bytes", [0, 64 * 1024],
+                         ids=["stall-at-once", "stall-mid-body"])
 def test_s3_deadline_gives_fetch_error(job, s3_server, monkeypatch, fault_after_bytes):
     archive, _ = random_archive(job / "sourcedir.tar.gz", 1_000_000)
     uri = upload(s3_server, BUCKET, "stalled/sourcedir.tar.gz", archive)
@@ -525,7 +542,8 @@ def test_s3_deadline_gives_fetch_error(job, s3_server, monkeypatch, fault_after_
     with FaultyProxy(s3_server, stall_share=1.0, fault_after_bytes=fault_after_bytes) as proxy:
         start = time.monotonic()
         with pytest.raises(errors.CodeFetchError) as exc:
-            fetch_code(uri, str(job / "job" / "code"), endpoint_url=proxy.url, deadline_s=deadline_s, log=lambda line: None)
+            fetch_code(uri, str(job / "job" / "code"), endpoint_url=proxy.url,
+                       deadline_s=deadline_s, log=lambda line: None)
         elapsed = time.monotonic() - start
     assert type(exc.value) is errors.CodeFetchError and exc.value.exit_code == 74
     assert uri in str(exc.value) and "deadline" in str(exc.value)
@@ -551,10 +569,12 @@ def test_progress_is_logged_and_stalled_chunks_resume(job, s3_server, monkeypatc
     err = capfd.readouterr().err
     progress = [line for line in err.splitlines() if "MB/s" in line]
     assert progress, "no progress line"
-    assert re.match(r"\[training-toolkit\] %s: \d+\.\d/1\.5 MB \(\d+%%\), \d+\.\d MB/s$" % re.escape(uri), progress[0])
+    assert re.match(r"\[training-toolkit\] %s: \d+\.\d/1\.5 MB \(\d+%%\), \d+\.\d MB/s$"
+                    % re.escape(uri), progress[0])
     # The stalled GET's retry, with its cause and the time left.
     assert re.search(
-        r"%s: GET bytes \d+-\d+ failed \(ReadTimeoutError: .*\); retrying in \d+\.\d\d s, \d+\.\d s left before the 30 s deadline"
+        r"%s: GET bytes \d+-\d+ failed \(ReadTimeoutError: .*\); retrying in \d+\.\d\d s, "
+        r"\d+\.\d s left before the 30 s deadline"
         % re.escape(uri), err), err
 
 
@@ -580,8 +600,10 @@ def test_train_logs_each_retry_on_an_unreachable_endpoint(tmp_path):
     assert r.returncode == 74, err[-2000:]
     assert "fetching %s from %s, within 5 s" % (uri, endpoint) in err
     retry = re.compile(
-        r"\[training-toolkit\] %s: HEAD failed \(EndpointConnectionError: Could not connect to the endpoint URL: "
-        r"\S+\); retrying in (\d+\.\d\d) s, (\d+\.\d) s left before the 5 s deadline$" % re.escape(uri))
+        r"\[training-toolkit\] %s: HEAD failed \(EndpointConnectionError: "
+        r"Could not connect to the endpoint URL: "
+        r"\S+\); retrying in (\d+\.\d\d) s, (\d+\.\d) s left before the 5 s deadline$"
+        % re.escape(uri))
     retries = [m.groups() for m in map(retry.match, err.splitlines()) if m]
     assert len(retries) >= 3, err
     delays = [float(d) for d, _ in retries]
@@ -600,6 +622,8 @@ def test_bad_timing_setting_is_a_config_error(job, monkeypatch):
 
 def test_module_import_is_cheap():
     # boto3 is imported only when an S3 URI is fetched.
-    code = "import sys, training_toolkit.fetch; print('boto3' in sys.modules or 'botocore' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    code = ("import sys, training_toolkit.fetch; "
+            "print('boto3' in sys.modules or 'botocore' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
     assert out.stdout.strip() == "False"

@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from training_toolkit import params
-from training_toolkit.entry_point import plan
+from training_toolkit.pipeline import plan
 from training_toolkit.environment import Environment
 from training_toolkit.errors import ConfigError
-from training_toolkit.paths import JobPaths
+from training_toolkit.job.paths import JobPaths
 from training_toolkit.trainer import grace_seconds
 
 # Together well under 30 s: each example is a few ms in-process. The same

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from cluster_jobs import ClusterJob, require_cluster
-from training_toolkit.distributed import Torchrun, write_job
+from training_toolkit.distributed import Torchrun
 
 GROUPS = {"train": ["algo-1", "algo-2"], "data": ["algo-3"]}
 

@@ -29,7 +29,7 @@ import subprocess
 import pytest
 
 from test_containers import engine_names, images, unavailable  # noqa: F401 (images: a fixture)
-from training_toolkit import containers
+from training_toolkit.rehearsal import containers
 
 pytestmark = pytest.mark.containers
 

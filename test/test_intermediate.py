@@ -207,7 +207,8 @@ def test_verification_listing_is_retried(tmp_path, s3_server, bucket, monkeypatc
     root = tmp_path / "intermediate"
     root.mkdir()
     (root / "a.txt").write_text("a")
-    sync = intermediate_output.IntermediateSync(str(root), bucket, "verify/", endpoint_url=s3_server)
+    sync = intermediate_output.IntermediateSync(str(root), bucket, "verify/",
+                                                endpoint_url=s3_server)
     snapshot = sync.start().finish(time.monotonic() + 30)
     assert len(calls) == 3
     assert snapshot["state"] == "complete" and snapshot["verified"] == 1, snapshot
@@ -282,7 +283,8 @@ def test_without_inotify_the_tree_is_rescanned(tmp_path, s3_server, bucket, monk
     monkeypatch.setattr(intermediate_output, "RESCAN_S", 0.1)
     root = tmp_path / "intermediate"
     root.mkdir()
-    sync = intermediate_output.IntermediateSync(str(root), bucket, "rescan/", endpoint_url=s3_server)
+    sync = intermediate_output.IntermediateSync(str(root), bucket, "rescan/",
+                                                endpoint_url=s3_server)
     sync.start()
     (root / "sub").mkdir()
     (root / "sub" / "later.txt").write_text("later")

@@ -99,7 +99,8 @@ def test_torchrun_ranks_run_with_the_users_interpreter(tmp_path, user_python):
     command = job.status()["command"]
     assert command.startswith(user_python + " " + LAUNCHER + " - --standalone ")
     # torchrun's workers are the toolkit's rank wrapper, on the toolkit's interpreter.
-    assert " --no-python " in command and "training_toolkit.rank" in command and " --tag -- " in command
+    assert (" --no-python " in command and "training_toolkit.cluster.rank" in command
+            and " --tag -- " in command)
 
 
 def test_missing_user_interpreter_is_a_config_error(tmp_path):

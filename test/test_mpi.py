@@ -1,5 +1,5 @@
 """Multi-host MPI over real OpenSSH and OpenMPI, on simulated hosts (network,
-UTS, IPC and mount namespaces; see training_toolkit.simcluster)."""
+UTS, IPC and mount namespaces; see training_toolkit.rehearsal.simcluster)."""
 import json
 import signal
 import time

@@ -15,7 +15,7 @@ import pytest
 
 from cluster_jobs import ClusterJob, require_cluster
 from jobs import Job
-from training_toolkit import network
+from training_toolkit.job import network
 from training_toolkit.environment import Environment
 from training_toolkit.errors import ConfigError
 
@@ -328,7 +328,7 @@ def test_environment_exports_the_resolved_name(monkeypatch, tmp_path):
 
 def test_trivial_path_imports_no_socket_or_re():
     # What the call itself imports, for a name this host has (lo, always there).
-    code = ("import sys; from training_toolkit import network; BEFORE = set(sys.modules); "
+    code = ("import sys; from training_toolkit.job import network; BEFORE = set(sys.modules); "
             "assert network.interface_for('lo', 'algo-1', True, 'rc.json') == 'lo'; "
             "print(' '.join(sorted(set(sys.modules) - BEFORE)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 import training_toolkit
-from training_toolkit import proctree
+from training_toolkit import backoff, proctree
 from training_toolkit.proctree import Process, StartError
 
 SRC = os.path.dirname(os.path.dirname(os.path.abspath(training_toolkit.__file__)))
@@ -176,7 +176,7 @@ def test_relative_program_counts_from_the_working_directory(tmp_path, launcher):
 PDEATHSIG_PARENT = """
 import os, signal, sys, threading, time
 sys.path.insert(0, sys.argv[1])
-from training_toolkit import proctree
+from training_toolkit import backoff, proctree
 if sys.argv[2] == "preexec":
     proctree._setpriv[:] = [None]
 threading.Thread(target=time.sleep, args=(600,), daemon=True).start()  # as `train`: threads
@@ -204,10 +204,10 @@ def test_child_gets_sigterm_when_its_parent_is_sigkilled(tmp_path, launcher):
     child_pid = None
     try:
         child_pid = int(parent.stdout.readline())
-        assert proctree.wait_until(lambda: os.path.exists(marker + ".ready"), 30)
+        assert backoff.wait_until(lambda: os.path.exists(marker + ".ready"), 30)
         parent.kill()
         parent.wait()
-        assert proctree.wait_until(lambda: os.path.exists(marker), 30), \
+        assert backoff.wait_until(lambda: os.path.exists(marker), 30), \
             "the child got no SIGTERM when its parent was SIGKILLed"
         with open(marker) as f:
             assert f.read() == "SIGTERM"
@@ -235,7 +235,7 @@ def _interpreters():
 MULTITHREADED_START = """
 import os, sys, threading
 sys.path.insert(0, sys.argv[1])
-from training_toolkit import proctree
+from training_toolkit import backoff, proctree
 from training_toolkit.proctree import Process, StartError
 if sys.argv[2] == "preexec":
     proctree._setpriv[:] = [None]

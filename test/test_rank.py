@@ -1,4 +1,4 @@
-"""The rank wrapper (`training_toolkit.rank`) run for real, under a stand-in
+"""The rank wrapper (`training_toolkit.cluster.rank`) run for real, under a stand-in
 launcher."""
 import os
 import signal
@@ -8,7 +8,7 @@ import time
 
 import psutil
 
-from training_toolkit import rank
+from training_toolkit.cluster import rank
 
 LAUNCHER = """
 import os, subprocess, sys, time

@@ -17,7 +17,7 @@ import pytest
 
 from cluster_jobs import ClusterJob, require_cluster
 from jobs import Job, wait_for
-from training_toolkit.jobtree import write_job_tree
+from training_toolkit.rehearsal.jobtree import write_job_tree
 
 
 
@@ -236,7 +236,7 @@ def libraries(tmp_path, monkeypatch):
 def test_library_search_order(libraries, monkeypatch, tmp_path):
     from training_toolkit.runners.smddp import LIBRARY_ENV, find_library
 
-    dirs = lambda *names: ":".join(os.path.dirname(libraries[n]) for n in names)  # noqa: E731
+    dirs = lambda *names: ":".join(os.path.dirname(libraries[n]) for n in names)
     monkeypatch.setenv("LD_LIBRARY_PATH", dirs("fake", "a", "b"))
     # 1. $SMDDP_LIBRARY_PATH wins over everything.
     assert find_library({LIBRARY_ENV: libraries["override"]}) == libraries["override"]
@@ -314,7 +314,8 @@ def test_local_hosts_from_a_venv_and_a_checkout_under_tmp(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+    site = subprocess.run([str(python), "-c",
+                           "import sysconfig; print(sysconfig.get_path('purelib'))"],
                           check=True, stdout=subprocess.PIPE, text=True).stdout.strip()
     with open(os.path.join(site, "toolkit-checkout.pth"), "w") as f:
         f.write(str(checkout) + "\n")

@@ -13,7 +13,7 @@ How the SDKs reach a container engine here:
 * **podman's Docker API**: a `podman system service --time=0` on a socket
   this module owns (one per session), and `DOCKER_HOST=unix://<it>` for the
   SDK processes only. Exported to the whole test run it would flip
-  `training_toolkit.containers.engine()` (and scripts/image-check.sh) to
+  `training_toolkit.rehearsal.containers.engine()` (and scripts/image-check.sh) to
   "docker".
 * **docker compose v2.40.3, as a docker CLI plugin** in a DOCKER_CONFIG
   directory of this module (`<dir>/cli-plugins/docker-compose`), so that both
@@ -661,4 +661,5 @@ def test_v3_command_train_failing_rank(sdk, tmp_path):
         assert out["status"]["exit_code"] == 3 and out["status"]["runner"] == "mpi"
     # ... and the failure text is in the collected output.
     collected = r.collected_output()
-    assert "rank 3 on algo-2" in collected["failure"] and "failing on purpose" in collected["failure"]
+    assert ("rank 3 on algo-2" in collected["failure"]
+            and "failing on purpose" in collected["failure"])

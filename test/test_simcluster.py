@@ -1,4 +1,4 @@
-"""Tests of training_toolkit.simcluster: simulated hosts in namespaces.
+"""Tests of training_toolkit.rehearsal.simcluster: simulated hosts in namespaces.
 
 Needs root and working `ip netns`; skipped otherwise."""
 import os
@@ -14,14 +14,9 @@ import time
 
 import pytest
 
-from training_toolkit import simcluster
-from training_toolkit.simcluster import (
-    SimCluster,
-    SimClusterError,
-    SimClusterUnavailable,
-    check_supported,
-    cleanup_stale,
-)
+from training_toolkit.rehearsal import simcluster
+from training_toolkit.rehearsal.simcluster import SimCluster, SimClusterError, SimClusterUnavailable
+from training_toolkit.rehearsal.simcluster import check_supported, cleanup_stale
 
 
 def _unusable_reason():
@@ -143,8 +138,8 @@ def test_hosts_report_their_own_hostname(cluster):
     assert cluster.hosts == ["algo-1", "algo-2"]
     for host in cluster.hosts:
         assert _out(cluster, host, ["hostname"]).strip() == host
-        assert _out(cluster, host, [sys.executable, "-c", "import socket; print(socket.gethostname())"]
-                    ).strip() == host
+        assert _out(cluster, host, [sys.executable, "-c",
+                                    "import socket; print(socket.gethostname())"]).strip() == host
     assert socket.gethostname() not in ("algo-1", "algo-2")
 
 
@@ -223,7 +218,8 @@ SERVER = textwrap.dedent("""
     srv = socket.create_server(("0.0.0.0", int(sys.argv[1])))
     conn, peer = srv.accept()
     data = conn.recv(100)
-    conn.sendall(data.upper() + b" from " + socket.gethostname().encode() + b" to " + peer[0].encode())
+    reply = data.upper() + b" from " + socket.gethostname().encode()
+    conn.sendall(reply + b" to " + peer[0].encode())
     conn.close()
 """)
 
@@ -347,7 +343,7 @@ def test_cleanup_stale_after_crash(tmp_path):
     (tmp_path / "r1").mkdir()
     script = textwrap.dedent("""
         import os, sys, time
-        from training_toolkit.simcluster import SimCluster
+        from training_toolkit.rehearsal.simcluster import SimCluster
         c = SimCluster(1, [sys.argv[1]])
         c.start()
         p = c.popen("algo-1", ["sleep", "300"], stdin=-3, stdout=-3, stderr=-3)
@@ -389,6 +385,7 @@ def test_unsupported_machine_is_reported(monkeypatch):
     with pytest.raises(SimClusterUnavailable, match="root"):
         check_supported()
     monkeypatch.undo()
-    monkeypatch.setattr(simcluster.shutil, "which", lambda p: None if p == "nsenter" else "/bin/" + p)
+    monkeypatch.setattr(simcluster.shutil, "which",
+                        lambda p: None if p == "nsenter" else "/bin/" + p)
     with pytest.raises(SimClusterUnavailable, match="nsenter"):
         check_supported()

@@ -9,7 +9,9 @@ import time
 from hypothesis import given, settings, strategies as st
 
 from training_toolkit import supervise
-from training_toolkit.supervise import TAIL_BYTES, LineRelay
+from training_toolkit.supervise import LineRelay
+from training_toolkit.supervise import relay as stderr_relay
+from training_toolkit.supervise.relay import TAIL_BYTES
 
 
 def relay(chunks, **options):
@@ -71,7 +73,7 @@ def test_unterminated_last_line_is_ended():
 
 
 def test_lines_longer_than_the_read_buffer_pass_whole():
-    long_line = b"x" * (3 * supervise.READ_CHUNK + 17) + b"\n"
+    long_line = b"x" * (3 * stderr_relay.READ_CHUNK + 17) + b"\n"
     writes, r = relay([b"a\n", long_line[:1000], long_line[1000:], b"b\n"])
     assert b"".join(writes) == b"a\n" + long_line + b"b\n"
     assert long_line in writes or any(long_line in w for w in writes)
@@ -79,11 +81,11 @@ def test_lines_longer_than_the_read_buffer_pass_whole():
 
 
 def test_a_line_beyond_the_held_limit_is_flushed_in_pieces(monkeypatch):
-    monkeypatch.setattr(supervise, "MAX_HELD_LINE", 2 * supervise.READ_CHUNK)
-    huge = b"y" * (5 * supervise.READ_CHUNK)
+    monkeypatch.setattr(stderr_relay, "MAX_HELD_LINE", 2 * stderr_relay.READ_CHUNK)
+    huge = b"y" * (5 * stderr_relay.READ_CHUNK)
     writes, _ = relay([huge, b"\n"])
     assert b"".join(writes) == huge + b"\n"
-    assert max(len(w) for w in writes) <= 2 * supervise.READ_CHUNK
+    assert max(len(w) for w in writes) <= 2 * stderr_relay.READ_CHUNK
 
 
 def test_transform_and_tags_see_whole_lines():
@@ -164,7 +166,7 @@ def spliced(writes, pause_s=0.0, out=None, **options):
     """Feed `writes` (bytes, or a float: sleep that long) into a splicing
     LineRelay, with `pause_s` after each write. Returns (the output, the
     output operations as (kind, length), relay)."""
-    src_r, src_w = supervise._relay_pipe()
+    src_r, src_w = stderr_relay._relay_pipe()
     out_r, out_w = os.pipe() if out is None else (None, out)
     ops = []
 
@@ -279,8 +281,8 @@ def test_a_long_line_written_without_newline_for_a_while():
 def test_a_line_longer_than_the_look_ahead_passes_whole():
     """Last lines longer than what the splice path reads of a block's end
     (LOOK_BYTES - TAIL_BYTES) make it copy that block: still whole lines."""
-    long_line = b"L" * (supervise.LOOK_BYTES + 5000) + b"\n"
-    mid_line = b"M" * (supervise.LOOK_BYTES - supervise.TAIL_BYTES + 100) + b"\n"
+    long_line = b"L" * (stderr_relay.LOOK_BYTES + 5000) + b"\n"
+    mid_line = b"M" * (stderr_relay.LOOK_BYTES - stderr_relay.TAIL_BYTES + 100) + b"\n"
     payload = numbered_lines(3000) + long_line + numbered_lines(10, seed=3) + mid_line + \
         numbered_lines(3000, seed=4) + long_line
     output, ops, r = spliced(in_pieces(payload, seed=5, largest=200_000))
@@ -319,7 +321,7 @@ def test_what_needs_rewriting_or_no_pipe_is_copied(tmp_path):
 def test_a_reader_that_goes_away_does_not_block_the_writer():
     """EPIPE from the destination: the relay keeps draining its pipe (the
     job is not blocked) and keeps the tail."""
-    src_r, src_w = supervise._relay_pipe()
+    src_r, src_w = stderr_relay._relay_pipe()
     out_r, out_w = os.pipe()
     os.close(out_r)
     r = LineRelay(src_r, out_w, splice=True)
@@ -388,7 +390,7 @@ def test_a_non_blocking_destination_loses_nothing():
     with them): a full pipe then means waiting, on both paths."""
     payload = numbered_lines(30000)
     for splice in (True, False):
-        src_r, src_w = supervise._relay_pipe()
+        src_r, src_w = stderr_relay._relay_pipe()
         out_r, out_w = os.pipe()
         os.set_blocking(out_w, False)
         r = LineRelay(src_r, out_w, splice=splice)
@@ -424,7 +426,7 @@ def test_a_splice_that_fails_falls_back_to_copying_without_loss(monkeypatch):
     still in the relay's pipe and the copying path relays it."""
     import errno
 
-    tee, splice = supervise._splice_calls()
+    tee, splice = stderr_relay._splice_calls()
     calls = []
 
     def failing_splice(fd_in, fd_out, count):
@@ -433,7 +435,7 @@ def test_a_splice_that_fails_falls_back_to_copying_without_loss(monkeypatch):
             raise OSError(errno.EINVAL, "refused")
         return splice(fd_in, fd_out, count)
 
-    monkeypatch.setattr(supervise, "_splice_calls", lambda: (tee, failing_splice))
+    monkeypatch.setattr(stderr_relay, "_splice_calls", lambda: (tee, failing_splice))
     payload = numbered_lines(30000)
     output, ops, r = spliced(in_pieces(payload, largest=300_000))
     assert output == payload

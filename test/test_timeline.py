@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from training_toolkit.timeline import build, flatten
+from training_toolkit.rehearsal.timeline import build, flatten
 
 CLI = os.path.join(os.path.dirname(sys.executable), "training-toolkit")
 SVG = "{http://www.w3.org/2000/svg}"
@@ -148,7 +148,7 @@ def test_a_host_still_running_is_drawn_to_the_end_of_the_picture(tmp_path):
     assert "no end recorded" in run.findtext(SVG + "title")
     assert "still running, or killed" in "".join(row.itertext())
     done = [r for r in rows(svg)["algo-1"].iter(SVG + "rect") if r.get("data-phase") == "verdict"]
-    end = lambda r: float(r.get("x")) + float(r.get("width"))  # noqa: E731
+    end = lambda r: float(r.get("x")) + float(r.get("width"))
     assert end(run) == pytest.approx(end(done[0]), abs=0.2)  # both reach the last moment
 
 

@@ -10,12 +10,12 @@ from hypothesis import given, strategies as st
 from training_toolkit import params
 from training_toolkit.environment import Environment
 from training_toolkit.errors import ConfigError, ExecuteUserScriptError
-from training_toolkit.paths import JobPaths
+from training_toolkit.job.paths import JobPaths
 from training_toolkit.report import failure_text, root_cause
 from training_toolkit.runners import RunnerType, select
 from training_toolkit.runners import mpi
 from training_toolkit.runners.plan import (COMMAND, PYTHON_PACKAGE, PYTHON_PROGRAM, entry_kind,
-                                           program_argv)
+                                          program_argv)
 
 RC = {"current_host": "algo-1", "hosts": ["algo-1", "algo-2"]}
 
@@ -264,7 +264,7 @@ def test_v3_command_runs_in_bash_with_its_args(tmp_path):
               "args": ["--note", "two words", 3]}
     env = v3_env({}, base=base, source_code=source, hps={"lr": 0.1})
     assert env.v3_job.runner == "command"
-    launch = __import__("training_toolkit.entry_point", fromlist=["plan"]).plan(env)
+    launch = __import__("training_toolkit.pipeline", fromlist=["plan"]).plan(env)
     assert launch.command.argv[1:] == ("-c", "python3 train.py --mode cmd --note 'two words' 3")
     assert launch.command.cwd == os.path.join(base, "input", "data", "code")
     # sm_train.sh, when present, is the truth: its heredoc holds the command.
@@ -320,7 +320,8 @@ def test_v3_args_are_the_sdk_drivers_args():
 
 
 def test_builtin_config_fields_match_the_v3_table():
-    from training_toolkit import distributed, v3
+    from training_toolkit import distributed
+    from training_toolkit.job import v3
 
     for cls in distributed.BUILTINS.values():
         assert set(cls.model_fields()) == v3.BUILTIN_DRIVERS[cls().driver_script][1]

@@ -61,12 +61,12 @@ def csv_to_numpy(string_like, dtype=None):
     except ValueError as e:
         if dtype is not None:
             raise errors.ClientError(
-                "Error while writing numpy array: {}. dtype is: {}".format(e, dtype))
+                "Error while writing numpy array: {}. dtype is: {}".format(e, dtype)) from e
         if strings is None:  # rows of different lengths
-            raise errors.ClientError("Error while decoding csv: {}".format(e))
+            raise errors.ClientError("Error while decoding csv: {}".format(e)) from e
         return strings
-    except Exception as e:  # noqa: BLE001 - the reference's one error for bad CSV
-        raise errors.ClientError("Error while decoding csv: {}".format(e))
+    except Exception as e:  # the reference's one error for bad CSV
+        raise errors.ClientError("Error while decoding csv: {}".format(e)) from e
 
 
 def array_to_csv(array_like):
@@ -81,15 +81,14 @@ def array_to_csv(array_like):
     try:
         writer.writerows(array)
     except csv.Error as e:
-        raise errors.ClientError("Error while encoding csv: {}".format(e))
+        raise errors.ClientError("Error while encoding csv: {}".format(e)) from e
     return stream.getvalue()
 
 
 def array_to_recordio_protobuf(array_like, labels=None):
     """A 1-D or 2-D numpy array, or a scipy sparse matrix, as recordio-protobuf
     bytes (one Record a row; `labels`, one a row, as the records' labels)."""
-    from .recordio import (_is_sparse, _write_numpy_to_dense_tensor,
-                           _write_spmatrix_to_sparse_tensor)
+    from .recordio import _is_sparse, _write_numpy_to_dense_tensor, _write_spmatrix_to_sparse_tensor
 
     if len(array_like.shape) == 1:
         array_like = array_like.reshape(1, array_like.shape[0])

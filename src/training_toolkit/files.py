@@ -13,7 +13,7 @@ import shutil
 import tempfile
 
 from . import log, params
-from .paths import JobPaths
+from .job.paths import JobPaths
 
 
 def write_success_file():

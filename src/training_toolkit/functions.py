@@ -33,7 +33,7 @@ def error_wrapper(fn, error_class):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except Exception as e:  # noqa: BLE001 - every failure becomes error_class
-            raise error_class(e).with_traceback(e.__traceback__)
+        except Exception as e:  # every failure becomes error_class
+            raise error_class(e).with_traceback(e.__traceback__) from e
 
     return wrapper

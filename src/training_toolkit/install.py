@@ -17,6 +17,7 @@ import sys
 
 from . import params
 from .errors import ConfigError, InstallModuleError, InstallRequirementsError
+from .job.paths import REQUIREMENTS_FILE
 from .supervise import Terminated
 
 CA_REPOSITORY_ARN_ENV = params.CA_REPOSITORY_ARN_ENV
@@ -61,7 +62,7 @@ def pip_install(python=None):
             "--no-input"]
 
 
-def install_steps(code_dir, python=None, requirements="requirements.txt", package=True):
+def install_steps(code_dir, python=None, requirements=REQUIREMENTS_FILE, package=True):
     """The pip commands a code dir needs, in order, as (label, argv):
     `requirements` (a file name in the code dir) when it exists, then the code
     dir itself when `package` and it holds setup.py / pyproject.toml."""
@@ -86,7 +87,7 @@ def install_error(label, argv, code_dir, outcome, package=False, index=None):
     cls = InstallModuleError if package or label == "package" else InstallRequirementsError
     if label == "requirements":
         what = "requirement %r" % failed if failed else "a requirement"
-        requirements = argv[argv.index("-r") + 1] if "-r" in argv else "requirements.txt"
+        requirements = argv[argv.index("-r") + 1] if "-r" in argv else REQUIREMENTS_FILE
         return cls(argv, outcome.exit_code, outcome.stderr_tail,
                    message="pip could not install %s from %s%s (pip exit code %d)"
                    % (what, os.path.join(code_dir, requirements), through, outcome.exit_code))
@@ -240,7 +241,7 @@ def run_pip(label, argv, code_dir, supervisor, index=None, package=False):
     return outcome
 
 
-def install(code_dir, supervisor, python=None, requirements="requirements.txt", package=True):
+def install(code_dir, supervisor, python=None, requirements=REQUIREMENTS_FILE, package=True):
     """Run the install steps; a failure raises an error naming what failed,
     and a stop signal (pip ended by our SIGTERM) ends the job as in any
     other phase. When the code dir is installed as a package, a failure of

@@ -9,7 +9,7 @@ as ``k=v,k2=v2``), as in the reference.
 import collections
 import collections.abc
 
-from .params import as_text as _decode  # the reference's name, for toolkits that call it
+from .params import as_text as _decode  # noqa: F401 - the reference's name, for toolkits
 from .params import format_env_value, to_cmd_args  # noqa: F401 - the reference's names
 
 SplitResultSpec = collections.namedtuple("SplitResultSpec", "included excluded")

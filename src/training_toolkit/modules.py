@@ -13,6 +13,7 @@ import os
 
 from . import params
 from .errors import InstallModuleError, InstallRequirementsError
+from .job.paths import REQUIREMENTS_FILE, JobPaths
 
 DEFAULT_MODULE_NAME = "default_user_module_name"
 CA_REPOSITORY_ARN_ENV = params.CA_REPOSITORY_ARN_ENV
@@ -41,7 +42,7 @@ def exists(name):
 
 
 def has_requirements(path):
-    return os.path.exists(os.path.join(path, "requirements.txt"))
+    return os.path.exists(os.path.join(path, REQUIREMENTS_FILE))
 
 
 def prepare(path, name):
@@ -80,14 +81,14 @@ def install(path, capture_error=False, *, supervisor=None):
     failed (the reference's class)."""
     extra = ["."]
     if has_requirements(path):
-        extra += ["-r", "requirements.txt"]
+        extra += ["-r", REQUIREMENTS_FILE]
     _pip("package", extra, path, supervisor, package=True)
 
 
 def install_requirements(path, capture_error=False, *, supervisor=None):
     """pip-install `path`/requirements.txt into this Python. Raises
     InstallRequirementsError carrying pip's stderr tail."""
-    _pip("requirements", ["-r", "requirements.txt"], path, supervisor, package=False)
+    _pip("requirements", ["-r", REQUIREMENTS_FILE], path, supervisor, package=False)
 
 
 def import_module(uri, name=DEFAULT_MODULE_NAME):
@@ -96,7 +97,6 @@ def import_module(uri, name=DEFAULT_MODULE_NAME):
     the module `name`. Raises ImportModuleError when the import fails."""
     from . import files
     from .errors import ImportModuleError
-    from .paths import JobPaths
 
     code_dir = JobPaths.from_environ().code_dir
     files.download_and_extract(uri, code_dir)
@@ -105,5 +105,5 @@ def import_module(uri, name=DEFAULT_MODULE_NAME):
     try:
         importlib.invalidate_caches()  # pip has just added files to sys.path's dirs
         return importlib.reload(importlib.import_module(name))
-    except Exception as e:  # noqa: BLE001 - any failure to import is the user's
-        raise ImportModuleError(e).with_traceback(e.__traceback__)
+    except Exception as e:  # any failure to import is the user's
+        raise ImportModuleError(e).with_traceback(e.__traceback__) from e

@@ -1,8 +1,8 @@
 """sagemaker_training.process: `ProcessRunner`, the reference's runner
 class, over the toolkit's runners.
 
-A runner built here plans and runs through the same engine as
-`entry_point.run()` (`runners/`): the user's program under the job's
+A runner built here plans and runs through the same pipeline as
+`entry_point.run()` (`runner.PlannedRunner`): the user's program under the job's
 supervisor, stderr relayed in whole lines, a failure raised as
 ExecuteUserScriptError with the program's own exit code. The distributed
 classes (`mpi`, `smdataparallel`, `torch_distributed`, `pytorch_xla`)
@@ -62,9 +62,6 @@ class ProcessRunner(PlannedRunner):
     def _extra_opts(self):
         return {}
 
-    def _runner_type_for(self, env):
-        return self.runner_type
-
     def _check_cluster(self, env):
         """Say which given cluster values the job overrides."""
         from . import log
@@ -76,19 +73,3 @@ class ProcessRunner(PlannedRunner):
             if given is not None and not same:
                 log.warning("%s: %s %r was given; the job's is %r, and the runner uses it"
                             % (type(self).__name__, name, given, ours))
-
-    def plan(self):
-        """What run() would start on this host (a LaunchPlan; nothing starts)."""
-        from .entry_point import current_job, plan
-
-        env = current_job()[0]
-        return plan(env, self.user_entry_point, self.args, self._runner_type_for(env),
-                    self.env_vars, self.extra_opts)
-
-    def run(self, wait=True, capture_error=False):
-        from .entry_point import current_job, launch
-
-        env, supervisor, reporter = current_job()
-        self._check_cluster(env)
-        return launch(env, supervisor, reporter, self.user_entry_point, self.args,
-                      self._runner_type_for(env), self.env_vars, self.extra_opts, wait)

@@ -6,9 +6,10 @@ import os
 import signal
 import stat
 import sys
-import time
 
 import _posixsubprocess  # C: 0.2 ms to import, where subprocess takes 7
+
+from . import backoff
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_PDEATHSIG = 1
@@ -85,8 +86,8 @@ class Process:
         env = os.environ if env is None else env
         program = self.args[0]
         if cwd and not os.path.isdir(cwd):
-            raise StartError(errno.ENOENT, "cannot start %s: its working directory %s does not exist"
-                             % (program, cwd))
+            raise StartError(errno.ENOENT, "cannot start %s: its working directory %s does not "
+                             "exist" % (program, cwd))
         try:
             self.pid = self._start(program, env, cwd, stdout, stderr)
         except (ValueError, TypeError) as e:  # a NUL byte, a name with "=", a non-string
@@ -141,7 +142,7 @@ class Process:
         """The return code (negative: killed by that signal), like Popen."""
         if timeout is None:
             return self._status(0)
-        if not wait_until(lambda: self.poll() is not None, timeout):
+        if not backoff.wait_until(lambda: self.poll() is not None, timeout):
             import subprocess
 
             raise subprocess.TimeoutExpired(self.args, timeout)
@@ -175,19 +176,6 @@ class Process:
 
     def __repr__(self):
         return "<Process pid=%d returncode=%r %s>" % (self.pid, self.returncode, self.args)
-
-
-def wait_until(predicate, timeout):
-    """Poll `predicate` with backoff from 5 ms until true or `timeout`;
-    returns whether it came true."""
-    deadline = time.monotonic() + timeout
-    delay = 0.005
-    while not predicate():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(delay)
-        delay = min(delay * 2, 0.1)
-    return True
 
 
 def _exec_candidates(program, env):

@@ -72,14 +72,14 @@ def _quoted(lines, limit=None):
     """Untrusted lines (the user's stderr, a traceback) as the report shows
     them: indented, control characters escaped, so that none can pass for a
     line of the report itself (such as `exit code: 0`)."""
-    return ["  " + (one_line(l) if limit is None else _shorten(one_line(l), limit))
-            for l in lines]
+    return ["  " + (one_line(line) if limit is None else _shorten(one_line(line), limit))
+            for line in lines]
 
 
 def root_cause(error):
     """One line saying why the job failed: the error summary plus, for a user
     failure, the last non-empty stderr line (an exception's message)."""
-    lines = [l for l in summary(error).splitlines() if l.strip()]
+    lines = [line for line in summary(error).splitlines() if line.strip()]
     line = "%s: %s" % (error.label, lines[0] if lines else "")
     if len(lines) > 1:
         line += " | " + lines[-1].strip()
@@ -98,7 +98,7 @@ def failure_text(error):
     lines = summary(error).splitlines() or [""]
     head = "%s: %s\nexit code: %d\n" % (error.label, _shorten(one_line(lines[0]), SUMMARY_CHARS),
                                          error.exit_code)
-    head += "".join(l + "\n" for l in _quoted(lines[1:]))
+    head += "".join(line + "\n" for line in _quoted(lines[1:]))
     tail = _tail_text(getattr(error, "stderr_tail", b""))
     if not tail:
         return head
@@ -113,37 +113,9 @@ def failure_text(error):
         excerpt.insert(0, line)
         used += len(line) + 1
     text = head + "stderr (last lines):\n" + "\n".join(excerpt) + "\n"
-    if len(excerpt) < len(tail_lines) or any(len(l) > EXCERPT_LINE_CHARS for l in tail_lines):
+    if len(excerpt) < len(tail_lines) or any(len(t) > EXCERPT_LINE_CHARS for t in tail_lines):
         text += "--- stderr tail (%d bytes) ---\n%s\n" % (len(tail), "\n".join(_quoted(tail_lines)))
     return text
-
-
-# The reporter of the `train` process this code runs in (entry_point.attach
-# sets it), so that runners can record what happens inside the run phase.
-_active = {"reporter": None}
-
-
-def activate(reporter):
-    _active["reporter"] = reporter
-
-
-def record(**fields):
-    """Set status.json fields from inside a run (the runners: SSH readiness,
-    when this host learned the verdict, the ranks' exits); outside `train`,
-    nothing."""
-    if _active["reporter"] is not None:
-        _active["reporter"].set(**fields)
-
-
-@contextlib.contextmanager
-def span(name):
-    """Record `name` as {"start", "end", "ok"} around a step of a phase."""
-    start, ok = time.time(), False
-    try:
-        yield
-        ok = True
-    finally:
-        record(**{name: {"start": start, "end": time.time(), "ok": ok}})
 
 
 class Reporter:
@@ -175,6 +147,17 @@ class Reporter:
 
     def set(self, **fields):
         self.status.update(fields)
+
+    @contextlib.contextmanager
+    def span(self, name):
+        """Record `name` as {"start", "end", "ok"} around a step of a phase
+        (the runners, which get the reporter: SSH readiness)."""
+        start, ok = time.time(), False
+        try:
+            yield
+            ok = True
+        finally:
+            self.set(**{name: {"start": start, "end": time.time(), "ok": ok}})
 
     def write_status(self):
         self._write(self.paths.status_file, json.dumps(self.status, indent=2, default=str) + "\n",

@@ -13,7 +13,7 @@ import contextlib
 import signal
 
 
-class TimeoutError(Exception):  # noqa: A001 - the reference's name, on purpose
+class TimeoutError(Exception):  # the reference's name, on purpose
     """The block ran past its limit (not the builtin TimeoutError)."""
 
 

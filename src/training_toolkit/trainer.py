@@ -8,11 +8,11 @@ import signal
 import sys
 import time
 
-from . import entry_point, log, params
-from .environment import Environment
+from . import context, log, params, pipeline
 from .errors import (ClientError, FrameworkError, InternalError, OutputWriteError, ToolkitError,
                      UsageError)
-from .paths import JobPaths
+from .job.environment import Environment
+from .job.paths import JobPaths
 from .report import Reporter
 from .supervise import Supervisor, Terminated
 
@@ -30,9 +30,6 @@ def grace_seconds(environ=os.environ):
     return params.setting(environ, params.GRACE_ENV)
 
 
-# The job's intermediate-output sync (only when sagemaker_s3_output is set),
-# and when the first stop signal came (the drain must end within the grace).
-_job = {"sync": None, "supervisor": None, "stop_signal_at": None}
 # What `train` keeps after the drain deadline to write its status files.
 STATUS_MARGIN_S = 1.0
 
@@ -42,10 +39,12 @@ STATUS_MARGIN_S = 1.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-def _install_signal_handlers(supervisor):
+def _install_signal_handlers(job):
+    supervisor = job.supervisor
+
     def on_signal(signum, _frame):
-        if _job["stop_signal_at"] is None:
-            _job["stop_signal_at"] = time.monotonic()
+        if job.stop_signal_at is None:  # the drain must end within the grace from here
+            job.stop_signal_at = time.monotonic()
         log.info("received %s: stopping the job (SIGTERM now, SIGKILL after %gs)"
                  % (signal.Signals(signum).name, supervisor.grace_seconds))
         if not supervisor.terminate() and not supervisor.terminating:
@@ -90,9 +89,9 @@ def train(argv=()):
     paths = JobPaths.from_environ()
     reporter = Reporter(paths)
     supervisor = Supervisor(params.DEFAULT_GRACE_SECONDS)  # the job's own, once checked
-    _job.update(sync=None, supervisor=supervisor, stop_signal_at=None)
-    entry_point.attach(supervisor, reporter)
-    _install_signal_handlers(supervisor)
+    # The one job context: a framework hook's calls (entry_point.run) share it.
+    job = context.activate(context.JobContext(paths, reporter, supervisor))
+    _install_signal_handlers(job)
     hook = None
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # a pending one is handled here
@@ -110,7 +109,7 @@ def train(argv=()):
             except OSError as e:  # the job may not need it; the verdict says what was lost
                 log.error("cannot create %s: %s" % (d, e.strerror or e))
         if env.s3_output:
-            _start_intermediate_sync(env, reporter)
+            _start_intermediate_sync(job, env)
         hook = None if command else env.framework_module
         if hook:
             from .runners.plan import plain_names
@@ -121,20 +120,20 @@ def train(argv=()):
             call_framework_hook(hook)
             reporter.end()
         else:
-            entry_point.execute(env, supervisor, reporter, command=command)
-        return _succeed(reporter)
+            pipeline.execute(env, supervisor, reporter, command=command)
+        return _succeed(job)
     except ToolkitError as error:
-        return _fail(reporter, error)
+        return _fail(job, error)
     except Terminated as stop:
-        return _fail(reporter, ClientError("%s before the user's program finished" % stop,
-                                           exit_code=128 + stop.signum))
+        return _fail(job, ClientError("%s before the user's program finished" % stop,
+                                      exit_code=128 + stop.signum))
     except SystemExit as stop:  # a framework hook calling sys.exit()
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         if code == 0:
-            return _succeed(reporter)
-        return _fail(reporter, ClientError("the framework hook exited with code %d" % code,
-                                           exit_code=code))
-    except Exception:
+            return _succeed(job)
+        return _fail(job, ClientError("the framework hook exited with code %d" % code,
+                                      exit_code=code))
+    except Exception:  # noqa: BLE001 - any other error still ends in a verdict
         import traceback
 
         if hook:
@@ -142,10 +141,10 @@ def train(argv=()):
         else:
             error = InternalError("unexpected error in training-toolkit (please report it):\n%s"
                                   % traceback.format_exc())
-        return _fail(reporter, error)
+        return _fail(job, error)
 
 
-def _start_intermediate_sync(env, reporter):
+def _start_intermediate_sync(job, env):
     """Sync output/intermediate/ to sagemaker_s3_output while the job runs
     (threads of this process; boto3 and inotify are imported only here). A
     sync that cannot start is logged and recorded, never a job failure."""
@@ -155,29 +154,28 @@ def _start_intermediate_sync(env, reporter):
         sync = intermediate_output.sync_for_job(env)
     except Exception as e:  # noqa: BLE001 - e.g. not an s3:// URI
         log.warning("intermediate output is not synced: %s" % e)
-        reporter.set(intermediate={"state": "error", "last_error": str(e)})
+        job.reporter.set(intermediate={"state": "error", "last_error": str(e)})
         return
-    _job["sync"] = sync
+    job.sync = sync
     if sync is not None:
-        reporter.set(intermediate=sync.snapshot())
+        job.reporter.set(intermediate=sync.snapshot())
 
 
-def _drain_intermediate_sync(reporter):
+def _drain_intermediate_sync(job):
     """Before the verdict: let pending uploads finish and verify them, within
     SM_INTERMEDIATE_DRAIN_SECONDS, and on a stop signal within what is left
     of the termination grace."""
-    sync, _job["sync"] = _job["sync"], None
+    sync, job.sync = job.sync, None
     if sync is None:
         return
     from .intermediate_output import STOP_EXTRA_S, drain_seconds
 
-    supervisor = _job["supervisor"]
-
     def deadline():
         limit = time.monotonic() + max(0.0, drain_seconds())
-        stopped = _job["stop_signal_at"]
-        if stopped is not None and supervisor is not None:
-            limit = min(limit, stopped + supervisor.grace_seconds - STATUS_MARGIN_S - STOP_EXTRA_S)
+        stopped = job.stop_signal_at
+        if stopped is not None:
+            limit = min(limit, stopped + job.supervisor.grace_seconds - STATUS_MARGIN_S
+                        - STOP_EXTRA_S)
         return limit
 
     limit = deadline()
@@ -186,28 +184,28 @@ def _drain_intermediate_sync(reporter):
         try:
             if sync.wait(0.1):
                 break
-            if _job["stop_signal_at"] is not None:
+            if job.stop_signal_at is not None:
                 limit = min(limit, deadline())
                 sync.set_deadline(limit)
             if time.monotonic() > limit + STOP_EXTRA_S:
                 break  # what is still in flight is recorded as not verified
         except Terminated:
             continue  # a stop signal while draining: the deadline shrinks
-    reporter.set(intermediate=sync.snapshot())
+    job.reporter.set(intermediate=sync.snapshot())
 
 
-def _succeed(reporter):
-    _drain_intermediate_sync(reporter)
+def _succeed(job):
+    _drain_intermediate_sync(job)
     try:
-        reporter.succeeded()
+        job.reporter.succeeded()
     except OutputWriteError as error:  # never exit 0 without `success`
-        return _fail(reporter, error)
+        return _fail(job, error)
     return 0
 
 
-def _fail(reporter, error):
-    _drain_intermediate_sync(reporter)
-    mine = reporter.failed(error)
+def _fail(job, error):
+    _drain_intermediate_sync(job)
+    mine = job.reporter.failed(error)
     log.error("%s: %s%s" % (error.label, error.message.splitlines()[0] if error.message else "",
                             "" if mine else " (keeping the failure file the job wrote)"))
     return error.exit_code

@@ -23,7 +23,7 @@ def _pairs(values, what):
 
 
 def cmd_local(args):
-    from ..jobtree import reset_run_state, write_job_tree
+    from ..rehearsal.jobtree import reset_run_state, write_job_tree
 
     code_dir = os.path.abspath(args.code_dir)
     if not os.path.isdir(code_dir):
@@ -58,7 +58,7 @@ def _write_distributed(args, job_dir, entry, code_dir):
     """--distributed: put a DistributedConfig into the job tree (v3 layout)."""
     if not args.distributed:
         return
-    from ..distributed import config_from_cli, write_job
+    from ..rehearsal.v3tree import config_from_cli, write_job
 
     config = config_from_cli(args.distributed, _pairs(args.config, "--config"), args.driver_dir)
     write_job(config, job_dir, entry, source_dir=code_dir, driver_root=args.driver_dir)
@@ -66,7 +66,7 @@ def _write_distributed(args, job_dir, entry, code_dir):
 
 def _host_trees(args, job_dir, entry, code_dir, channels, hps, submit_dir):
     """One job tree per host, `job_dir/algo-K`, as the platform lays them out."""
-    from ..jobtree import reset_run_state, write_job_tree
+    from ..rehearsal.jobtree import reset_run_state, write_job_tree
 
     hosts = ["algo-%d" % (i + 1) for i in range(args.hosts)]
     roots = [os.path.join(job_dir, h) for h in hosts]
@@ -92,7 +92,7 @@ def _verdict(hosts, roots, codes):
 def _draw_timeline(job_dir):
     """The job's picture (JOB_DIR/timeline.svg); one that cannot be drawn is
     said, and never changes the job's exit code."""
-    from ..timeline import write_picture
+    from ..rehearsal.timeline import write_picture
 
     try:
         print("[training-toolkit] timeline: %s" % write_picture(job_dir), file=sys.stderr,
@@ -102,7 +102,7 @@ def _draw_timeline(job_dir):
 
 
 def cmd_timeline(args):
-    from ..timeline import write_picture
+    from ..rehearsal.timeline import write_picture
 
     print(write_picture(args.job_dir, args.out))
     return 0
@@ -111,7 +111,7 @@ def cmd_timeline(args):
 def _local_cluster(args, job_dir, entry, code_dir, channels, hps):
     """Rehearse a multi-host job: N simulated hosts (Linux namespaces, root),
     each running `train` on its own job tree mounted at /opt/ml."""
-    from ..simcluster import SimCluster
+    from ..rehearsal.simcluster import SimCluster
 
     hosts, roots = _host_trees(args, job_dir, entry, code_dir, channels, hps, code_dir)
     shared = [job_dir, code_dir] + [os.path.abspath(p) for p in channels.values()]
@@ -132,7 +132,7 @@ def _local_containers(args, job_dir, entry, code_dir, channels, hps):
     code/, and channels are mounted read-only."""
     import signal
 
-    from .. import containers
+    from ..rehearsal import containers
 
     if args.hosts < 1:
         raise UsageError("--hosts %d: must be at least 1" % args.hosts)
@@ -156,9 +156,8 @@ def _local_containers(args, job_dir, entry, code_dir, channels, hps):
 
 def _environment(args):
     """The job tree's environment, checked as `train` checks it at start."""
-    from ..environment import Environment
-    from ..paths import JobPaths
-    from ..trainer import grace_seconds
+    from ..job.environment import Environment
+    from ..job.paths import JobPaths
 
     environ = dict(os.environ)
     if args.job_dir:
@@ -167,12 +166,12 @@ def _environment(args):
     if not os.path.isdir(paths.base):
         raise ConfigError("no job tree: not a directory (give --job-dir, or set %s)"
                           % params.BASE_DIR_ENV, path=paths.base)
-    grace_seconds(environ)
+    params.setting(environ, params.GRACE_ENV)  # train's first check (trainer.grace_seconds)
     return Environment.read(paths, environ)
 
 
 def cmd_plan(args):
-    from ..entry_point import plan
+    from ..pipeline import plan
 
     launch = plan(_environment(args))
     if args.json:

@@ -3,8 +3,6 @@ under a `Supervisor`. `select()` picks the runner a job asks for."""
 import enum
 import sys
 
-from .. import params
-
 
 class RunnerType(enum.Enum):
     """The members (and values) of sagemaker_training.runner.RunnerType, and
@@ -26,28 +24,13 @@ _MODULES = {
     RunnerType.PyTorchXLA: "pytorch_xla",
     RunnerType.Driver: "driver",
 }
-# What an SDK v3 tree runs (v3.V3Job.runner) -> the runner that runs it. A
-# SourceCode.command is one process, like a plain entry script.
-_BY_V3_RUNNER = {"process": RunnerType.Process, "command": RunnerType.Process,
-                 "torchrun": RunnerType.TorchDistributed, "mpi": RunnerType.MPI,
-                 "smddp": RunnerType.SMDataParallel, "driver": RunnerType.Driver}
 
 
 def select(env):
-    """The runner a job asks for: its SDK v3 layout, else its framework
-    parameters. Distributed runners apply only to hosts of the distribution
-    instance groups; the other hosts run the program as one process."""
-    distributing = env.current_instance_group in env.distribution_instance_groups
-    if env.v3_job is not None:
-        runner = _BY_V3_RUNNER[env.v3_job.runner]
-        return runner if distributing or not env.v3_job.is_distributed else RunnerType.Process
-    if not distributing:
-        return RunnerType.Process
-    fp = env.additional_framework_parameters
-    for runner, switches, _program in params.LAUNCHERS:
-        if any(params.is_true(fp.get(s)) for s in switches):
-            return RunnerType(runner)
-    return RunnerType.Process
+    """The runner the job asks for (the Environment reads it once: from an SDK
+    v3 tree's layout, else from the framework parameters; Process on hosts
+    outside the distribution instance groups)."""
+    return RunnerType(env.runner)
 
 
 def _module(name):

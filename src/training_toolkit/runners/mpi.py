@@ -1,7 +1,7 @@
 """The MPI runner: OpenMPI's mpirun over SSH across the distribution hosts.
 
 Every host's `train` writes its own environment to its job tree; ranks start
-through `training_toolkit.rank`, which loads that file, so each rank sees its
+through `training_toolkit.cluster.rank`, which loads that file, so each rank sees its
 own host. The master runs mpirun; workers start sshd, connect to the master's
 control port and wait for the verdict, which every host then reports.
 
@@ -18,11 +18,14 @@ import signal
 import threading
 import time
 
-from .. import control, log, params, proctree, report, resources, ssh
-from .. import rank as rank_wrapper
+from .. import backoff, log, params, proctree
+from ..cluster import control, ssh, wire
+from ..cluster import rank as rank_wrapper
+from ..cluster.coordination import JobMaster, JobWorker
+from ..cluster.verdict import Failure
 from ..errors import ClusterError, ConfigError, MissingProgramError
+from ..job import resources
 from ..supervise import KillTimer
-from .coordination import JobMaster, JobWorker
 from .plan import Command, LaunchPlan, PYTHON_PROGRAM, base_env, user_program
 
 NAME = "mpi"
@@ -137,6 +140,19 @@ def ranks_dir(env):
     return os.path.join(env.paths.toolkit_dir, "ranks")
 
 
+def _write_private(path, text):
+    """`path` made afresh, readable by root only: what was there (an earlier
+    run's file, or a link planted in its place) is removed, and the file is
+    created exclusively. Its readers (the ranks) start after it is whole."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    with os.fdopen(os.open(path, flags, 0o600), "w") as f:
+        f.write(text)
+
+
 def rank_program(env, entry_point, args, prefix=()):
     """A Python program runs under `python -m mpi4py` when mpi4py is there,
     so an uncaught exception aborts the job instead of hanging it."""
@@ -184,8 +200,8 @@ def plan(env, entry_point, args, extra_env=None, options=None,
                       notes=("%d processes on %s" % (settings.total, ", ".join(settings.hosts)),))
 
 
-def run(launch, supervisor, env):
-    job = MpiJob(env, supervisor, launch.settings, launch.user_env)
+def run(launch, supervisor, env, reporter):
+    job = MpiJob(env, supervisor, launch.settings, launch.user_env, reporter)
     try:
         if launch.role == "master":
             return job.run_master(launch.command)
@@ -197,10 +213,11 @@ def run(launch, supervisor, env):
 class MpiJob:
     """One host's part of an MPI job."""
 
-    def __init__(self, env, supervisor, settings, user_env):
+    def __init__(self, env, supervisor, settings, user_env, reporter):
         self.env = env
         self.supervisor = supervisor
         self.settings = settings
+        self.reporter = reporter
         self.deadline = time.monotonic() + ssh.deadline_seconds(os.environ)
         self.sshd_pid = None
         self._cut_lines = {}  # (rank, stream) -> the start of a line mpirun cut
@@ -220,10 +237,10 @@ class MpiJob:
         full[rank_wrapper.CONTROL_ENV] = report_address
         full[rank_wrapper.RANKS_DIR_ENV] = ranks_dir(self.env)
         spec = {"env": full, "cwd": self.env.code_dir}
-        report.write_file(env_file(self.env), json.dumps(spec), 0o600)
+        _write_private(env_file(self.env), json.dumps(spec))
 
     def _control_key(self):
-        return control.job_key(self.env.paths.input_config_dir)
+        return wire.job_key(self.env.paths.input_config_dir)
 
     # -- master --------------------------------------------------------------
     def run_master(self, command):
@@ -232,14 +249,15 @@ class MpiJob:
                                       "openmpi-bin package)")
         workers = [h for h in self.settings.hosts if h != self.settings.master]
         self.coordinator = master = JobMaster(self.settings.control_port, workers,
-                                              self._stop_local_ranks, self._control_key())
+                                              self._stop_local_ranks, self._control_key(),
+                                              self.reporter)
         self._write_rank_env(master.report_address())
         # The first failing rank stops the ranks on every host at once, and
         # mpirun with them, rather than waiting for OpenMPI's own abort (which
         # takes seconds to wind down a job).
         master.fail_fast(grace=0.5, stop_here=self._abort_here)
         if workers:
-            with report.span("ssh_readiness"):
+            with self.reporter.span("ssh_readiness"):
                 self._wait_for_workers(workers)
         else:
             with open(known_hosts_file(self.env), "w"):
@@ -287,7 +305,7 @@ class MpiJob:
         aborted = _ABORT.search(block)
         if aborted:
             rank = int(aborted.group(1))
-            self.coordinator.control.rank_failed(rank, self._rank_host(rank),
+            self.coordinator.control.rank_exited(rank, self._rank_host(rank),
                                                  int(aborted.group(2)))
 
         pieces = _TAG.split(block)  # untagged, then (rank, stream, text) per piece
@@ -312,7 +330,7 @@ class MpiJob:
     # -- worker --------------------------------------------------------------
     def run_worker(self):
         self._write_rank_env("%s:%d" % (self.settings.master, self.settings.control_port))
-        with report.span("ssh_readiness"):  # sshd up, and the master reached
+        with self.reporter.span("ssh_readiness"):  # sshd up, and the master reached
             self.sshd_pid = ssh.start_sshd(self.supervisor,
                                            os.path.join(self.env.paths.toolkit_dir, "sshd.log"))
             log.info("worker %s: waiting for the master %s"
@@ -320,13 +338,13 @@ class MpiJob:
             self.coordinator = worker = JobWorker(
                 self.settings.master, self.settings.control_port, self.env.current_host,
                 self.deadline, self._stop_local_ranks, self.supervisor.grace_seconds,
-                self._control_key())
+                self._control_key(), self.reporter)
         self.supervisor.on_terminate = lambda sig: self._stop_local_ranks(
             sig, self.supervisor.grace_seconds)
         try:
             return worker.outcome(self.supervisor.terminating)
         finally:
-            proctree.wait_until(lambda: not self._alive_local_ranks(), 2.0)
+            backoff.wait_until(lambda: not self._alive_local_ranks(), 2.0)
 
     # -- local ranks (any host) ------------------------------------------------
     def _local_rank_pids(self):
@@ -394,21 +412,21 @@ class MpiJob:
             if sig is not None:
                 for pid in leftovers():
                     proctree.kill_tree(pid, sig)
-            if proctree.wait_until(lambda: not leftovers(), wait):
+            if backoff.wait_until(lambda: not leftovers(), wait):
                 return
 
 
 def first_failed(tail, rank_host):
-    """(rank, host, exit code) of the rank that mpirun's own notice at its
-    end names as the one that ended the job, or None."""
+    """The Failure of the rank that mpirun's own notice at its end names as
+    the one that ended the job, or None."""
     named = _FIRST_FAILED.search(tail)
     if named:
         rank = int(named.group(1))
-        return rank, rank_host(rank), int(named.group(2))
+        return Failure(rank, rank_host(rank), int(named.group(2)))
     killed = _KILLED.search(tail)
     if killed:
-        return int(killed.group(1)), killed.group(2).decode("utf-8", "replace"), \
-            128 + int(killed.group(3))
+        return Failure(int(killed.group(1)), killed.group(2).decode("utf-8", "replace"),
+                       128 + int(killed.group(3)))
     return None
 
 

@@ -77,8 +77,9 @@ class LaunchPlan:
 def entry_kind(code_dir, entry_point, packages=True):
     """How the entry point runs: a `.sh` is a command; a code dir with
     setup.py/pyproject.toml is a package run with `python -m` (unless
-    `packages` is false: SDK v3 jobs run their entry script as it is); `.py`
-    is a program; anything else is a command."""
+    `packages` is false: a job whose code is not a package, such as an SDK
+    v3 job's, runs its entry script as it is); `.py` is a program; anything
+    else is a command."""
     if entry_point.endswith(".sh"):
         return COMMAND
     if packages and any(os.path.exists(os.path.join(code_dir, f))
@@ -105,7 +106,7 @@ def program_argv(code_dir, entry_point, args, python=None, packages=True):
 def user_program(env, entry_point, args):
     """(kind, argv) of the user's program in this job, run by the job's
     interpreter (`env.job_python`)."""
-    packages = env.v3_job is None
+    packages = env.code_as_package
     return (entry_kind(env.code_dir, entry_point, packages),
             program_argv(env.code_dir, entry_point, args, env.job_python, packages))
 

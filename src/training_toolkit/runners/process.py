@@ -1,15 +1,15 @@
-"""The single-process runner: the user's program, once, on this host (or,
-for an SDK v3 job, its SourceCode.command, run by bash as sm_train.sh would)."""
-from .. import resources
+"""The single-process runner: the user's program, once, on this host (or the
+job's shell command, such as an SDK v3 SourceCode.command, run by bash as
+sm_train.sh would)."""
+from ..job import resources
 from .plan import Command, LaunchPlan, base_env, user_program
 
 NAME = "process"
 
 
 def plan(env, entry_point, args, extra_env=None, options=None):
-    v3_job = env.v3_job
-    if v3_job is not None and v3_job.runner == "command":
-        argv = [resources.which("bash") or "/bin/sh", "-c", v3_job.command]
+    if env.shell_command:
+        argv = [resources.which("bash") or "/bin/sh", "-c", env.shell_command]
     else:
         argv = user_program(env, entry_point, args)[1]
     return LaunchPlan(NAME, env.current_host, "single",
@@ -27,7 +27,7 @@ def plan_command(env, command, extra_env=None):
                       notes=("an explicit command, instead of the job's entry point",))
 
 
-def run(launch_plan, supervisor, env):
+def run(launch_plan, supervisor, env, reporter):
     """Start the plan's command under the supervisor; returns its Outcome."""
     cmd = launch_plan.command
     return supervisor.run(cmd.argv, env=cmd.full_env(), cwd=cmd.cwd)

@@ -6,8 +6,9 @@ Each host runs `python -m torch_xla.distributed.xla_spawn --num_gpus G
 hosts, and with several hosts the master serves the XRT mesh. The plan is
 pure (printable without an XLA device); `run` checks for GPUs and torch_xla.
 """
-from .. import resources
+from ..job import resources
 from ..errors import ConfigError
+from . import process
 from .plan import PYTHON_PROGRAM, Command, LaunchPlan, base_env, user_program
 
 NAME = "pytorch_xla"
@@ -50,7 +51,7 @@ def plan(env, entry_point, args, extra_env=None, options=None):
                                                              len(hosts)),))
 
 
-def run(launch, supervisor, env):
+def run(launch, supervisor, env, reporter):
     for module in ("torch_xla", LAUNCHER):
         if not resources.has_module(env.job_python, module):
             raise ConfigError(
@@ -60,6 +61,5 @@ def run(launch, supervisor, env):
     if env.num_gpus < 1:
         raise ConfigError("distributed training through PyTorch XLA needs GPUs; %s has none"
                           % env.current_host, field="sagemaker_pytorch_xla_multi_worker_enabled")
-    cmd = launch.command
-    return supervisor.run(cmd.argv, env=cmd.full_env(), cwd=cmd.cwd)
+    return process.run(launch, supervisor, env, reporter)
 

@@ -16,7 +16,8 @@ SM_SMDDP_LIBRARY, and recorded in status.json.
 import os
 import subprocess
 
-from .. import log, params, resources
+from .. import log, params
+from ..job import resources
 from ..errors import ConfigError
 from . import mpi
 
@@ -131,7 +132,7 @@ def plan(env, entry_point, args, extra_env=None, options=None):
     return launch
 
 
-def run(launch, supervisor, env):
+def run(launch, supervisor, env, reporter):
     if launch.role == "master":  # once per job, in the log that has the ranks' output
         log.info(launch.notes[-1])
-    return mpi.run(launch, supervisor, env)
+    return mpi.run(launch, supervisor, env, reporter)

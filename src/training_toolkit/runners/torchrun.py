@@ -3,7 +3,7 @@ fail-fast.
 
 Plain torchrun leaves the other nodes blocked in collectives for 10-30 min
 when a rank dies on one node. Here every rank starts through
-`training_toolkit.rank`, which tags its output `[<host>,<rank>]<stdout>:` and
+`training_toolkit.cluster.rank`, which tags its output `[<host>,<rank>]<stdout>:` and
 reports its exit to the master's `train`; the first failure stops torchrun on
 every host, and every host ends with the failing rank's exit code.
 
@@ -18,10 +18,12 @@ import signal
 import socket
 import time
 
-from .. import control, log, params, resources, ssh
-from .. import rank as rank_wrapper
+from .. import log, params
+from ..cluster import control, ssh, wire
+from ..cluster import rank as rank_wrapper
+from ..cluster.coordination import JobMaster, JobWorker
 from ..errors import ConfigError, MissingProgramError
-from .coordination import JobMaster, JobWorker
+from ..job import resources
 from .plan import Command, LaunchPlan, PYTHON_PACKAGE, base_env, user_program
 
 NAME = "torchrun"
@@ -109,7 +111,7 @@ def plan(env, entry_point, args, extra_env=None, options=None):
                           len(settings.hosts), settings.per_host, settings.node_rank),))
 
 
-def run(launch, supervisor, env):
+def run(launch, supervisor, env, reporter):
     settings = launch.settings
     if not resources.has_module(env.job_python, "torch"):
         raise MissingProgramError("torch is not installed for %s, which runs "
@@ -121,7 +123,7 @@ def run(launch, supervisor, env):
         if launch.role == "master":
             check_port_free(settings.port, env)
         coordinator = JobMaster(settings.control_port, workers, local,
-                                control.job_key(env.paths.input_config_dir))
+                                wire.job_key(env.paths.input_config_dir), reporter)
         launch.command.env[rank_wrapper.CONTROL_ENV] = coordinator.report_address()
         try:
             if settings.max_restarts == 0:
@@ -141,7 +143,7 @@ def run(launch, supervisor, env):
     log.info("worker %s: waiting for the master %s" % (env.current_host, settings.master))
     worker = JobWorker(settings.master, settings.control_port, env.current_host, deadline,
                        local, supervisor.grace_seconds,
-                       control.job_key(env.paths.input_config_dir))
+                       wire.job_key(env.paths.input_config_dir), reporter)
     supervisor.on_terminate = lambda sig: local(sig, supervisor.grace_seconds)
     try:
         outcome = run_command(supervisor, launch.command)

@@ -26,6 +26,8 @@ STORE_WAIT_S = 600
 
 
 def wait_for_store(address, seconds):
+    # Its own backoff, not training_toolkit.backoff: the job's interpreter
+    # runs this file and may not have the package (see the docstring).
     host, port = address.rsplit(":", 1)
     deadline, delay = time.monotonic() + seconds, 0.01
     while time.monotonic() < deadline:
@@ -56,7 +58,7 @@ def main(argv):
         if not isinstance(code, int):
             print(code, file=sys.stderr)
             code = 1
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - what Python's own exit does: the traceback, then 1
         sys.excepthook(*sys.exc_info())
         code = 1
     sys.stdout.flush()

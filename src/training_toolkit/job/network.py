@@ -24,8 +24,8 @@ name) imports socket and threading.
 import os
 import sys
 
-from . import log
-from .errors import ConfigError
+from .. import log
+from ..errors import ConfigError
 
 SYS_CLASS_NET = "/sys/class/net"
 PROC_NET_ROUTE = "/proc/net/route"
@@ -285,12 +285,12 @@ def mpirun_argv(argv, config_file=None):
 
 
 def main(argv=None):
-    """`python -m training_toolkit.network --mpirun MPIRUN ARGS...`: exec
+    """`python -m training_toolkit.job.network --mpirun MPIRUN ARGS...`: exec
     MPIRUN with `mpirun_argv(ARGS)` (docker/byo-mpi/mpirun); 78 when no
     interface reaches the master, naming the field."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) < 2 or argv[0] != "--mpirun":
-        print("usage: python -m training_toolkit.network --mpirun MPIRUN [ARGS...]",
+        print("usage: python -m training_toolkit.job.network --mpirun MPIRUN [ARGS...]",
               file=sys.stderr)
         return 64
     from .paths import JobPaths

@@ -5,10 +5,15 @@ else in the package joins path fragments under it by hand.
 """
 import os
 
-from .errors import ConfigError
-from .params import USER_PROGRAM
+from ..errors import ConfigError
+from ..params import BASE_DIR_ENV, USER_PROGRAM
 
 DEFAULT_BASE_DIR = "/opt/ml"
+# The SDK v3 drivers' folder in the sm_drivers channel (sm_train.sh names it).
+DRIVERS_SUBDIR = "distributed_drivers"
+# The code dir's requirements file, for a job that names none (installed when
+# present, as the reference does).
+REQUIREMENTS_FILE = "requirements.txt"
 
 
 def is_populated(directory):
@@ -39,6 +44,7 @@ def entry_point_path(code_dir, entry_point, config_file=None, field=USER_PROGRAM
                           % (entry_point, code_dir), path=config_file, field=field)
     return os.path.join(code_dir, entry_point)
 
+
 class JobPaths:
     """Paths of one job tree. Cheap to build; touches no file."""
 
@@ -62,7 +68,7 @@ class JobPaths:
     @classmethod
     def from_environ(cls, environ=None):
         environ = os.environ if environ is None else environ
-        return cls(environ.get("SAGEMAKER_BASE_DIR") or DEFAULT_BASE_DIR)
+        return cls(environ.get(BASE_DIR_ENV) or DEFAULT_BASE_DIR)
 
     def _join(self, *parts):
         return os.path.join(self.base, *parts)
@@ -107,6 +113,14 @@ class JobPaths:
     @property
     def source_code_file(self):
         return self._join("input", "data", "sm_drivers", "sourcecode.json")
+
+    @property
+    def train_script_file(self):
+        return self._join("input", "data", "sm_drivers", "sm_train.sh")
+
+    @property
+    def driver_scripts_dir(self):
+        return self._join("input", "data", "sm_drivers", DRIVERS_SUBDIR)
 
     @property
     def v3_code_dir(self):

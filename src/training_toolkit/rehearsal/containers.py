@@ -25,8 +25,8 @@ import subprocess
 import sys
 import threading
 
-from . import resources
-from .errors import ToolkitError
+from ..errors import ToolkitError
+from ..job import resources
 
 ENGINES = ("docker", "podman")  # in order of preference
 ML_DIR = "/opt/ml"

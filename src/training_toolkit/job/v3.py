@@ -13,21 +13,25 @@ and its drivers as the `sm_drivers` channel, holding:
   `driver_dir` copied over them.
 
 `read()` turns those files into a `V3Job`: which runner runs the job and with
-what. The SDK's own drivers map to the toolkit's runners (with supervision,
-fail-fast and verdicts on top); any other driver script runs as it is.
+what; `job_fields()` turns that into the Environment's fields, the same ones
+a job of the platform's own layout gets from its hyperparameters (see
+`environment.legacy_job`). The SDK's own drivers map to the toolkit's
+runners (with supervision, fail-fast and verdicts on top); any other driver
+script runs as it is.
 Nothing heavy is imported here: built-in configs are validated by
-`distributed` only when a tree has one.
+`configs` only when a tree has one.
 """
 import json
 import os
 import re
 import shlex
 
-from .errors import ConfigError
-from .params import unusable_text
-from .paths import resolves_inside
+from .. import params
+from ..errors import ConfigError
+from ..params import unusable_text
+from .checks import check_requirements_file
+from .paths import DRIVERS_SUBDIR, REQUIREMENTS_FILE, resolves_inside
 
-DRIVERS_SUBDIR = "distributed_drivers"
 BASIC_DRIVER = "basic_script_driver.py"
 
 # The SDK's driver scripts -> (the toolkit runner that replaces it, the fields
@@ -43,9 +47,15 @@ BUILTIN_DRIVERS = {
 }
 RUNNER_CONFIG_CLASS = {"torchrun": "Torchrun", "mpi": "MPI", "smddp": "SMDDP"}
 # The legacy hyperparameter that asks for each built-in config's runner.
-LEGACY_SWITCHES = {"torchrun": "sagemaker_torch_distributed_enabled",
-                   "mpi": "sagemaker_mpi_enabled",
-                   "smddp": "sagemaker_distributed_dataparallel_enabled"}
+LEGACY_SWITCHES = {"torchrun": params.TORCH_DISTRIBUTED_ENABLED, "mpi": params.MPI_ENABLED,
+                   "smddp": params.SMDDP_ENABLED}
+# What a v3 tree runs (V3Job.runner) -> the runners.RunnerType value that runs
+# it. A SourceCode.command is one process, like a plain entry script.
+RUNNER_TYPES = {"process": "Process", "command": "Process", "torchrun": "TorchDistributed",
+                "mpi": "MPI", "smddp": "SMDataParallel", "driver": "Driver"}
+# The SourceCode's requirements value that means "requirements.txt when there
+# is one" (JumpStart).
+AUTO_REQUIREMENTS = "auto"
 
 _DRIVER_LINE = re.compile(r"^[ \t]*\$SM_PYTHON_CMD\s+\S*/%s/([^\s/'\"]+)\s*$" % DRIVERS_SUBDIR,
                           re.M)
@@ -84,12 +94,12 @@ class V3Job:
             return {}
         out = {LEGACY_SWITCHES[self.runner]: True}
         if self.config.get("process_count_per_node"):
-            out["sagemaker_mpi_num_of_processes_per_host"] = self.config["process_count_per_node"]
+            out[params.MPI_PROCESSES_PER_HOST] = self.config["process_count_per_node"]
         return out
 
 
 def drivers_path(paths, script=""):
-    return os.path.join(paths.drivers_dir, DRIVERS_SUBDIR, script)
+    return os.path.join(paths.driver_scripts_dir, script)
 
 
 def _read_text(path):
@@ -99,7 +109,7 @@ def _read_text(path):
     except FileNotFoundError:
         return None
     except OSError as e:
-        raise ConfigError("cannot read: %s" % e.strerror, path=path)
+        raise ConfigError("cannot read: %s" % e.strerror, path=path) from None
 
 
 def named_driver(train_script):
@@ -176,23 +186,13 @@ def _and(names):
 
 def validate_builtin(runner, config, path):
     """A built-in config's fields, checked and completed by its class."""
-    from . import distributed
+    from . import configs as distributed
 
     cls = getattr(distributed, RUNNER_CONFIG_CLASS[runner])
     try:
         return cls.model_validate(config).model_dump()
     except ConfigError as e:
         raise ConfigError(str(e), path=path) from None
-
-
-def check_requirements(paths, requirements):
-    """pip reads the SourceCode's requirements file: it must lie in the code
-    dir, named plainly or reached through links."""
-    if requirements and requirements != "auto" and not resolves_inside(paths.v3_code_dir,
-                                                                       requirements):
-        raise ConfigError("requirements file %r resolves outside the code dir %s"
-                          % (requirements[:200], paths.v3_code_dir),
-                          path=paths.source_code_file, field="requirements")
 
 
 def read(paths, distributed_doc, source_code):
@@ -216,10 +216,12 @@ def read(paths, distributed_doc, source_code):
                 path=paths.source_code_file, field=field)
     entry = source_code.get("entry_script") or None
     requirements = source_code.get("requirements") or None
-    check_requirements(paths, requirements)  # as far as the path goes; again after the fetch
+    if requirements != AUTO_REQUIREMENTS:  # as far as the path goes; again after the fetch
+        check_requirements_file(paths.v3_code_dir, requirements, paths.source_code_file,
+                                "requirements")
     source_dir = source_code.get("source_dir") or ""
     archive = os.path.basename(source_dir) if source_dir.endswith(".tar.gz") else None
-    train_script_file = os.path.join(paths.drivers_dir, "sm_train.sh")
+    train_script_file = paths.train_script_file
     train_script = _read_text(train_script_file)
 
     def job(runner, **kw):
@@ -282,3 +284,50 @@ def read(paths, distributed_doc, source_code):
         raise ConfigError("needs entry_script or command", path=paths.source_code_file,
                           field="entry_script")
     return job(runner)
+
+
+def job_fields(job, paths, entry_point, entry_point_source):
+    """The Environment's fields for the v3 job `job` (those
+    `environment.legacy_job` fills for any other job): the code is the code
+    channel, run as it is (never installed or run as a package); only the
+    SourceCode's requirements file is installed; `entry_point` (what the
+    environment overrides name) stands where the SourceCode names none."""
+    if job.entry_script:
+        entry_point, entry_point_source = job.entry_script, (paths.source_code_file,
+                                                             "entry_script")
+    needs_entry_point = job.runner not in ("command", "driver")
+    if not entry_point and needs_entry_point:
+        raise ConfigError("needs entry_script (or command)", path=paths.source_code_file,
+                          field="entry_script")
+    code_dir = paths.v3_code_dir
+    requirements, required = job.requirements, True
+    if requirements == AUTO_REQUIREMENTS:  # requirements.txt when there is one
+        requirements, required = REQUIREMENTS_FILE, False
+    smp = job.config.get("smp")
+    mp_parameters = {k: v for k, v in smp.items() if v is not None} \
+        if isinstance(smp, dict) and smp else None
+    drivers = paths.driver_scripts_dir
+    return dict(
+        user_entry_point=entry_point, entry_point_source=entry_point_source,
+        module_dir=code_dir, code_dir=code_dir,
+        # A source_dir given as a .tar.gz arrives as that archive in the code
+        # channel; sm_train.sh extracts it there.
+        code_archive=os.path.join(code_dir, job.archive) if job.archive else None,
+        requirements=requirements, requirements_required=required,
+        requirements_source=(paths.source_code_file, "requirements") if requirements else None,
+        code_as_package=False,
+        needs_entry_point=needs_entry_point, distributes=job.is_distributed,
+        runner=RUNNER_TYPES[job.runner], shell_command=job.command,
+        driver_script=drivers_path(paths, job.driver_script) if job.driver_script else None,
+        distributed=job.config, v3_job=job, framework_defaults=job.framework_parameters(),
+        hyperparameter_defaults={} if mp_parameters is None else {"mp_parameters": mp_parameters},
+        # The v3 drivers pass every hyperparameter as `--key value`, in file order.
+        format_args=cmd_args,
+        extra_exports=dict(
+            SM_DISTRIBUTED_CONFIG=params.format_env_value(job.config),
+            # Relative to SM_SOURCE_DIR, the working directory, as the SDK sets it.
+            SM_ENTRY_SCRIPT=entry_point or "",
+            SM_SOURCE_DIR=code_dir,
+            SM_DRIVER_DIR=drivers,
+            SM_DISTRIBUTED_DRIVER_DIR=drivers,
+        ))

@@ -99,8 +99,8 @@ def processes_per_host(explicit=None, path=None):
         count = 0
     if count < 1 or isinstance(explicit, bool) or count != explicit and not isinstance(
             explicit, str):
-        from .errors import ConfigError
-        from .params import MPI_PROCESSES_PER_HOST
+        from ..errors import ConfigError
+        from ..params import MPI_PROCESSES_PER_HOST
 
         raise ConfigError("must be a number of processes (1 or more), got %r" % (explicit,),
                           path=path, field=MPI_PROCESSES_PER_HOST)

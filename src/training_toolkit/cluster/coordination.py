@@ -4,14 +4,16 @@ the same exit code and a failure report naming the failing rank and host.
 
 Both the MPI and the torchrun runner build on this; each supplies
 `stop_local(sig, grace)`, which stops the job's processes on its own host,
-and the job's control key (`control.job_key`), which authenticates every
-message between the hosts.
+the job's control key (`wire.job_key`), which authenticates every message
+between the hosts, and the reporter that status.json is written from (when
+this host learned the verdict, the ranks' exits).
 """
 import signal
 import threading
 import time
 
-from .. import control, log, report
+from . import control, wire
+from .. import log
 from ..errors import ClusterError
 from ..supervise import Outcome
 
@@ -29,10 +31,10 @@ LOST_MASTER_GRACE_S = 5.0
 REPORTS_WAIT_S = 5.0
 
 
-def learned_verdict(how):
+def learned_verdict(reporter, how):
     """When this host learned how the job ends (status.json, for `training-toolkit timeline`)."""
     now = time.time()
-    report.record(verdict_learned={"at": now, "from": how})
+    reporter.set(verdict_learned={"at": now, "from": how})
     return now
 
 
@@ -53,9 +55,10 @@ def outcome_from(message, terminated):
 class JobMaster:
     """The master host's side."""
 
-    def __init__(self, port, workers, stop_local, key):
+    def __init__(self, port, workers, stop_local, key, reporter):
         self.workers = list(workers)
         self.stop_local = stop_local
+        self.reporter = reporter
         self.learned_at = None  # when this host first knew how the job ends
         # Alone, take any free port: two local jobs on one machine must not clash.
         self.control = control.MasterControl(port if self.workers else 0, self.workers, key)
@@ -77,7 +80,7 @@ class JobMaster:
         stop_here = stop_here or self.stop_local
 
         def on_failure(rank, host, code):
-            self.learned_at = self.learned_at or learned_verdict("first failure")
+            self.learned_at = self.learned_at or learned_verdict(self.reporter, "first failure")
             self.control.broadcast({"type": "abort", "rank": rank, "host": host,
                                     "exit_code": code, "grace": grace})
             stop_here(signal.SIGTERM, grace)
@@ -96,7 +99,7 @@ class JobMaster:
         tell every worker, return the Outcome for this host. Without
         `ranks_decide` (a launcher that restarts failed ranks), a rank's
         failure counts only when a launcher failed too. `launcher_failure`:
-        (rank, host, exit code) of the rank that the launcher itself says
+        the verdict.Failure of the rank that the launcher itself says
         failed first (mpirun's notice): the reports decide, the first
         failure among them awaited up to REPORTS_WAIT_S; with none, the
         launcher's word does (not in a job stopped by SIGTERM, whose grace
@@ -107,7 +110,7 @@ class JobMaster:
             if not self.control.wait_for_exits(expected_ranks, deadline):
                 log.warning("%d of %d ranks never reported their exit to the master; the "
                             "launcher ended 0, so that is the job's verdict" % (
-                                expected_ranks - len({e[1] for e in self.control.exits}),
+                                expected_ranks - len(self.control.exited_ranks()),
                                 expected_ranks))
         failure = None
         if ranks_decide or local.exit_code or self.control.host_failures or self.control.lost:
@@ -116,27 +119,28 @@ class JobMaster:
                 wait_s = REPORTS_WAIT_S  # a rank's failure was named: its report is due
             failure = self.control.first_failure(wait_s=wait_s)
         if failure is None and named:
-            rank, host, code = failure = named
+            failure = named
             log.warning("rank %d on %s never reported its exit to the master; the launcher "
-                        "says it failed first, with exit code %d" % (rank, host, code))
+                        "says it failed first, with exit code %d"
+                        % (named.rank, named.host, named.exit_code))
         # "stopped": the job was stopped by SIGTERM, a failure even if every
         # rank exited 0 after saving its state.
         message = {"type": "verdict", "exit_code": local.exit_code,
                    "stopped": local.terminated_by_us}
         if failure:
-            rank, host, code = failure
+            rank, host = failure.rank, failure.host
             tail = self.control.tails.get(rank) if rank is not None else None
             if not tail and tail_of is not None:
                 tail = tail_of(local.stderr_tail, rank)
-            message.update(exit_code=code, rank=rank, host=host,
+            message.update(exit_code=failure.exit_code, rank=rank, host=host,
                            stderr_tail=tail or local.stderr_tail.decode("utf-8", "replace"))
-            if rank is None and any(e[2] == host for e in self.control.lost):
+            if rank is None and self.control.was_lost(host):
                 message["lost"] = True
         elif local.exit_code != 0:
             message["stderr_tail"] = local.stderr_tail.decode("utf-8", "replace")
         self.control.decided = True
         self.control.broadcast(message)
-        self.learned_at = self.learned_at or learned_verdict("verdict")
+        self.learned_at = self.learned_at or learned_verdict(self.reporter, "verdict")
         if not failure:
             return local
         return outcome_from(message, local.terminated_by_us)
@@ -144,8 +148,8 @@ class JobMaster:
     def close(self):
         # The ranks' exits the master received, late ones too (for `timeline`).
         wall = time.time() - time.monotonic()
-        report.record(rank_exits=[{"rank": e[1], "host": e[2], "exit_code": e[3], "at": wall + e[0]}
-                                  for e in self.control.exits])
+        self.reporter.set(rank_exits=[{"rank": e.rank, "host": e.host, "exit_code": e.exit_code,
+                                       "at": wall + e.at} for e in self.control.exits])
         self.control.close()
 
 
@@ -153,10 +157,11 @@ class JobWorker:
     """A worker host's side: follows the master's instructions and waits for
     its verdict. Losing the master ends the local ranks."""
 
-    def __init__(self, master, port, host, deadline, stop_local, grace, key):
+    def __init__(self, master, port, host, deadline, stop_local, grace, key, reporter):
         self.master = master
         self.stop_local = stop_local
         self.grace = grace
+        self.reporter = reporter
         self.verdict = None
         self.lost = False
         self.told_to_stop = False  # the master stopped the job (SIGTERM on it)
@@ -169,8 +174,8 @@ class JobWorker:
                 "do not derive the same job key, so %s (hosts and instance_groups), %s and the "
                 "variable %s must be the same on every host"
                 % (master, host, port, e, "input/config/resourceconfig.json",
-                   " and ".join("input/config/" + f for f in control.KEYED_CONFIG_FILES),
-                   control.JOB_SECRET_ENV)) from None
+                   " and ".join("input/config/" + f for f in wire.KEYED_CONFIG_FILES),
+                   wire.JOB_SECRET_ENV)) from None
         if self.link is None:
             raise ClusterError("could not reach the master %s on port %d before the deadline: "
                                "%s" % (master, port, control.WorkerLink.last_error))
@@ -186,7 +191,7 @@ class JobWorker:
                 break
             kind = msg.get("type")
             if kind in ("abort", "verdict") and self.verdict is None:
-                learned_verdict(kind)
+                learned_verdict(self.reporter, kind)
             if kind == "terminate":
                 self.told_to_stop = True
                 self.stop_local(msg.get("signal", signal.SIGTERM),

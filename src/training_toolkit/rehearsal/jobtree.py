@@ -4,8 +4,8 @@ import json
 import os
 import shutil
 
-from .environment import HOMOGENEOUS_GROUP
-from .paths import JobPaths
+from ..job.environment import HOMOGENEOUS_GROUP
+from ..job.paths import JobPaths
 
 
 def write_job_tree(base, entry_point, submit_dir, hyperparameters=None, channels=None,

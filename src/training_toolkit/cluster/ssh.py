@@ -7,8 +7,9 @@ import socket
 import subprocess
 import time
 
-from . import params, proctree, resources
-from .errors import ClusterError, MissingProgramError
+from .. import backoff, params, proctree
+from ..errors import ClusterError, MissingProgramError
+from ..job import resources
 
 SSH_PORT = 22
 DEADLINE_ENV = params.SSH_DEADLINE_ENV
@@ -55,15 +56,12 @@ def start_sshd(supervisor, log_path):
         proc = proctree.Process([sshd, "-D", "-e", "-o", "PidFile=none"], stdout=log.fileno(),
                                 stderr=log.fileno())
     supervisor.services.add(proc.pid)
-    delay = 0.01
-    deadline = time.monotonic() + 10
-    while not listening():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise ClusterError("sshd did not start (exit code %s); see %s"
-                               % (proc.poll(), log_path))
-        time.sleep(delay)
-        delay = min(delay * 2, 0.2)
-    return proc.pid
+    for _ in backoff.attempts(time.monotonic() + 10, first=0.01, most=0.2):
+        if listening():
+            return proc.pid
+        if proc.poll() is not None:
+            break
+    raise ClusterError("sshd did not start (exit code %s); see %s" % (proc.poll(), log_path))
 
 
 # Classical X25519 first: OpenSSH 9's default post-quantum exchange
@@ -118,7 +116,7 @@ class MasterConnections:
             pass  # host keys are learnt afresh for every job
         options = client_options(self.known_hosts_path, self.control_dir, first_contact=True)
         retry_at = {host: 0.0 for host in hosts}
-        delays = {host: 0.05 for host in hosts}
+        delays = {host: backoff.delays(0.05, 2.0, factor=1.5) for host in hosts}
         errors, pending = {}, set(hosts)
         while pending:
             now = time.monotonic()
@@ -133,8 +131,7 @@ class MasterConnections:
                 elif proc.poll() is not None:
                     errors[host] = self._last_words(host) or "ssh exited %d" % proc.returncode
                     del self.masters[host]
-                    retry_at[host] = now + delays[host]
-                    delays[host] = min(delays[host] * 1.5, 2.0)
+                    retry_at[host] = now + next(delays[host])
             if not pending:
                 return
             if now > deadline:

@@ -9,6 +9,9 @@ learned the verdict. Reading and layout are pure; the SVG is written by hand
 
 All times are the hosts' wall clocks (status.json's `time.time()`): hosts
 with skewed clocks are drawn skewed.
+
+One concern (status files in, one picture out) in about 460 lines: the
+layout and the hand-written SVG read best side by side.
 """
 import json
 import math
@@ -16,8 +19,8 @@ import os
 import re
 from xml.sax.saxutils import escape, quoteattr
 
-from .errors import MissingProgramError, UsageError
-from .paths import JobPaths
+from ..errors import MissingProgramError, UsageError
+from ..job.paths import JobPaths
 
 # Phase kinds, in the order they happen, with their colours and legend names.
 KINDS = (
@@ -260,7 +263,7 @@ def build(hosts, title=""):
     statuses = [s for _, s, _ in hosts if s]
     times = [s["started"] for s in statuses]
     for s in statuses:
-        for kind, start, end, _ in _spans(s):
+        for _kind, start, end, _ in _spans(s):
             times += [start] + ([end] if end is not None else [])
         times += [e["at"] for e in s.get("rank_exits", [])]
         if s.get("ended") is not None:
@@ -399,7 +402,7 @@ def render_svg(picture):
     # Legend.
     lx = 8
     out.append('<g class="legend">')
-    for kind, colour, name in KINDS:
+    for _kind, colour, name in KINDS:
         out.append('<rect x="%d" y="%d" width="12" height="12" fill="%s"/>'
                    '<text x="%d" y="%d">%s</text>' % (lx, legend_y, colour, lx + 16,
                                                       legend_y + 10, name))

@@ -1,0 +1,349 @@
+"""Job control between the hosts of a multi-host job: who listens, who
+connects, and what each side does with a message.
+
+The master's `train` listens on a TCP port; each worker's `train` connects,
+says hello, and waits for the verdict. Each rank's wrapper reports its start
+(rank, host, pid) and its exit code to the master. When the master's `train`
+dies, the workers see the connection close (or the keepalive fail) and end
+their ranks.
+
+Every message is authenticated, in both directions, so that nothing else on
+the job's network can end the job, pose as a worker, or stop a worker's ranks:
+the key, the nonces and the MACs are the wire's (wire.py). Here:
+
+* Bounds. A connection must authenticate within AUTH_TIMEOUT_S of its
+  start, and at most MAX_UNAUTHENTICATED connections wait to (one thread
+  each); more are closed at once. (A line's own bounds are the wire's.)
+* Drops. A message that fails any check is dropped and logged (at most one
+  line every DROP_LOG_INTERVAL_S, counting the rest); an unauthenticated
+  connection is closed; no handling thread dies of a bad message.
+* Acknowledged exits. A rank wrapper's `rank_exit` report is answered, once
+  the master has recorded it, with a `recorded` line MACed towards the
+  wrapper under the master's nonce of that connection (the wrapper has none
+  of its own), and the wrapper exits only after it (`send_once`). Its
+  launcher (mpirun, torchrun) learns of the rank's end from that exit, so it
+  can never end the job, or make a worker report its own failure, before the
+  master knows how the rank ended: the verdict names the rank's own exit
+  code however the hosts are scheduled.
+
+What the master learns goes into its ledger (verdict.py), which
+MasterControl is.
+
+A 1-host job listens on loopback only; the master of a multi-host job on all
+interfaces, at TRAINING_TOOLKIT_CONTROL_PORT (default 7780).
+"""
+import socket
+import threading
+import time
+
+from .. import backoff, log, params
+from .verdict import Ledger
+from .wire import TO_MASTER, TO_WORKER, Rejected, Stream, authenticate, nonce, parse, valid
+# `control.X` still names the wire's parts that peers are made of (the tests
+# play peers with them).
+from .wire import GREETING as GREETING, JOB_SECRET_ENV as JOB_SECRET_ENV
+from .wire import _mac as _mac, job_key as job_key, seal as seal
+
+CONTROL_PORT_ENV = params.CONTROL_PORT_ENV
+AUTH_TIMEOUT_S = 10.0
+MAX_UNAUTHENTICATED = 1024
+DROP_LOG_INTERVAL_S = 5.0
+# A rank's exit report waits for the master's acknowledgement this long at
+# most, connecting included. A master that is gone ends the wait at once
+# (its port refuses, or its end of the connection closes); this bounds only
+# a master that cannot answer (a host that vanished without closing its
+# connections, a network cut), where the report cannot help anyway.
+EXIT_REPORT_DEADLINE_S = 30.0
+# Reports the master acknowledges once it has recorded them.
+ACKNOWLEDGED = ("rank_exit",)
+
+
+def control_port(environ):
+    return params.setting(environ, CONTROL_PORT_ENV)
+
+
+class DropLog:
+    """One log line per dropped message, at most one every
+    DROP_LOG_INTERVAL_S; the drops in between are counted in the next line."""
+
+    def __init__(self, interval=DROP_LOG_INTERVAL_S):
+        self.interval = interval
+        self.count = 0
+        self._unlogged = 0
+        self._next = 0.0
+        self._lock = threading.Lock()
+
+    def note(self, peer, why):
+        with self._lock:
+            self.count += 1
+            now = time.monotonic()
+            if now < self._next:
+                self._unlogged += 1
+                return
+            self._next = now + self.interval
+            unlogged, self._unlogged = self._unlogged, 0
+        log.warning("control channel: dropped a message from %s: %s%s" % (
+            peer, why, " (and %d more dropped since the last such line)" % unlogged
+            if unlogged else ""))
+
+
+def _keepalive(sock):
+    """Notice a vanished peer within 30 s even when no FIN arrives, but ride
+    out a network outage shorter than 25 s (5 unanswered probes, 5 s apart):
+    an idle link probed every 2 s died after 10 s, killing a healthy job."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 5)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
+def send_once(address, port, key, message, timeout=2.0):
+    """A rank wrapper's report, on a connection of its own. Never raises.
+
+    A report in ACKNOWLEDGED (`rank_exit`) returns only once the master said
+    it recorded it, or when the master is gone, or at EXIT_REPORT_DEADLINE_S:
+    the wrapper exits after this returns, and the launcher learns of the
+    rank's end from that exit, never before the master has the report. The
+    others (`rank_start`) are fire-and-forget, each step within `timeout`.
+    Returns whether the report was acknowledged (sent, for the others)."""
+    acknowledged = message.get("type") in ACKNOWLEDGED
+    deadline = time.monotonic() + EXIT_REPORT_DEADLINE_S
+
+    def left():
+        if not acknowledged:
+            return timeout
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise socket.timeout("no acknowledgement from the master within %.0f s"
+                                 % EXIT_REPORT_DEADLINE_S)
+        return remaining
+
+    try:
+        with socket.create_connection((address, port), timeout=left()) as sock:
+            stream = Stream(sock, key, TO_MASTER, TO_WORKER, None)
+            sock.settimeout(left())
+            stream.read_greeting()
+            stream.send(message)
+            if not acknowledged:
+                return True
+            sock.settimeout(left())
+            line = stream.read_line()
+            if not line:
+                return False  # the master closed the connection: it is gone, or refused us
+            reply = parse(authenticate(key, TO_WORKER, stream.peer_nonce, 0, line))
+            return reply.get("type") == "recorded"
+    except (OSError, Rejected):
+        return False
+
+
+class MasterControl(Ledger):
+    """The master's side: listens (on loopback only when there are no
+    workers), admits and authenticates each connection, registers the
+    workers, and enters every report in the job's ledger, which it is."""
+
+    def __init__(self, port, workers, key):
+        super().__init__()
+        self.workers = set(workers)
+        self.key = key
+        self.links = {}          # worker host -> its Stream
+        self.drops = DropLog()
+        self._joined = threading.Condition()  # around `links`
+        self._unauthenticated = threading.BoundedSemaphore(MAX_UNAUTHENTICATED)
+        address = "" if self.workers else "127.0.0.1"
+        self._server = socket.create_server((address, port), reuse_port=False, backlog=128)
+        self.port = self._server.getsockname()[1]
+        self._closed = False
+        threading.Thread(target=self._accept, name="control-accept", daemon=True).start()
+
+    def _accept(self):
+        while not self._closed:
+            try:
+                conn, peer = self._server.accept()
+            except OSError:
+                if self._closed:
+                    return
+                time.sleep(0.05)  # e.g. out of file descriptors: the real peers retry
+                continue
+            peer = "%s:%d" % peer[:2]
+            if not self._unauthenticated.acquire(blocking=False):
+                self.drops.note(peer, "%d connections already wait to authenticate"
+                                % MAX_UNAUTHENTICATED)
+                conn.close()
+                continue
+            try:
+                threading.Thread(target=self._serve, args=(conn, peer), daemon=True).start()
+            except RuntimeError:  # no thread to spare
+                self._unauthenticated.release()
+                conn.close()
+
+    def _serve(self, conn, peer):
+        stream = Stream(conn, self.key, TO_WORKER, TO_MASTER, nonce())
+        # One deadline for the whole authentication (a per-read timeout would
+        # let a peer that trickles a byte at a time stay forever).
+        deadline = threading.Timer(AUTH_TIMEOUT_S, lambda: stream.received or stream.close())
+        deadline.daemon = True
+        deadline.start()
+        holds_place = True  # one of the MAX_UNAUTHENTICATED
+
+        def done_waiting():
+            nonlocal holds_place
+            deadline.cancel()
+            if holds_place:
+                holds_place = False
+                self._unauthenticated.release()
+
+        try:
+            _keepalive(conn)
+            stream.greet()
+            while True:
+                try:
+                    message = stream.receive()
+                except Rejected as e:
+                    self.drops.note(peer, e)
+                    if e.fatal or not stream.received:
+                        break
+                    continue
+                if message is None:
+                    break
+                done_waiting()  # authenticated: may stay for the whole job
+                if not valid(message):
+                    self.drops.note(peer, "authenticated, but a malformed %r message"
+                                    % message["type"][:40])
+                elif message["type"] == "hello":
+                    self._register(stream, message, peer)
+                else:
+                    self._handle(message)
+                    if message["type"] in ACKNOWLEDGED and stream.peer_nonce is None:
+                        # A rank wrapper's report (not a worker's link): it
+                        # is recorded, and the fail-fast started; the
+                        # wrapper may exit now.
+                        stream.acknowledge({"type": "recorded", "rank": message["rank"]})
+        except OSError:
+            pass
+        done_waiting()  # authenticated or gone: either way its place is free
+        # A worker whose link closes before the verdict has lost its `train`.
+        with self._joined:
+            lost = [h for h, s in self.links.items() if s is stream]
+        stream.close()
+        if lost and not self._closed:
+            self.worker_lost(lost[0])
+
+    def _register(self, stream, hello, peer):
+        if hello["host"] not in self.workers:
+            self.drops.note(peer, "hello from %r, which is not a worker of this job"
+                            % hello["host"][:80])
+            return
+        stream.peer_nonce = hello["nonce"].encode()
+        with self._joined:
+            self.links[hello["host"]] = stream
+            self._joined.notify_all()
+        stream.send({"type": "welcome"})
+
+    def _handle(self, message):
+        """Enter an authentic, valid report in the ledger."""
+        kind = message["type"]
+        if kind == "rank_start":
+            self.rank_started(message["rank"], message["host"])
+        elif kind == "rank_exit":
+            self.rank_exited(message["rank"], message["host"], message["exit_code"],
+                             message.get("stderr_tail") or "")
+        elif kind == "host_failed":
+            self.host_failed(message["host"], message["exit_code"])
+
+    def wait_for_workers(self, deadline):
+        """Wait until every worker said hello; returns the hosts still missing."""
+        with self._joined:
+            while True:
+                missing = sorted(self.workers - set(self.links))
+                left = deadline - time.monotonic()
+                if not missing or left <= 0:
+                    return missing
+                self._joined.wait(min(left, 0.5))
+
+    def broadcast(self, message):
+        with self._joined:
+            links = list(self.links.values())
+        for stream in links:
+            try:
+                stream.send(message)
+            except OSError:
+                pass
+
+    def close(self):
+        self._closed = True
+        try:
+            self._server.close()
+        except OSError:
+            pass
+        with self._joined:
+            links, self.links = list(self.links.values()), {}
+        for stream in links:
+            stream.close()
+
+
+class Refused(Exception):
+    """The master closed the connection instead of welcoming this host."""
+
+
+class WorkerLink:
+    """A worker's connection to the master's `train`."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.drops = DropLog()
+
+    @classmethod
+    def connect(cls, master, port, host, key, deadline):
+        """Connect (retrying from 50 ms while the master starts), say hello
+        and wait for the master's welcome. Returns None if the deadline
+        passes (the last error is kept in `last_error`); raises Refused when
+        the master hangs up on the hello, which it does when the hosts'
+        keys differ."""
+        cls.last_error = None
+        # At most 0.1 s between tries: the job starts only once every worker
+        # is connected, so any longer wait adds to its start-up.
+        for _ in backoff.attempts(deadline, first=0.05, most=0.1, factor=1.5):
+            sock = None
+            try:
+                sock = socket.create_connection((master, port), timeout=5)
+                _keepalive(sock)
+                stream = Stream(sock, key, TO_MASTER, TO_WORKER, nonce())
+                stream.read_greeting()
+                stream.send({"type": "hello", "host": host,
+                             "nonce": stream.own_nonce.decode()})
+                try:
+                    welcome = stream.receive()
+                except Rejected as e:
+                    welcome = e
+                if welcome is None or isinstance(welcome, Rejected):
+                    sock.close()
+                    raise Refused(welcome or "connection closed")
+                sock.settimeout(None)
+                return cls(stream)
+            except OSError as e:
+                cls.last_error = e
+                if sock is not None:
+                    sock.close()
+        return None
+
+    def send(self, message):
+        try:
+            self.stream.send(message)
+        except OSError:
+            pass
+
+    def receive(self):
+        """The next authentic message from the master, or None when the link
+        is gone. Anything else on the link is dropped and logged."""
+        while True:
+            try:
+                return self.stream.receive()
+            except Rejected as e:
+                self.drops.note("the master's link", e)
+                if e.fatal:
+                    return None
+            except OSError:
+                return None
+
+    def close(self):
+        self.stream.close()

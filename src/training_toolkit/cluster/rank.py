@@ -1,0 +1,130 @@
+"""Rank wrapper: `python -m training_toolkit.rank [--env-file F] [--tag] -- PROGRAM ARGS`
+(the documented command; `python -m training_toolkit.cluster.rank` is the
+same; launchers start it through `command`).
+
+Launchers (mpirun, torchrun) start every rank through this wrapper. It
+
+* loads the environment its own host's `train` wrote, when given one (MPI:
+  each rank sees its own host's SM_* values and paths, and nothing crosses
+  the network); torchrun ranks inherit it directly;
+* runs the program as a supervised child: SIGTERM is forwarded with the
+  grace period, and nothing the program started outlives it;
+* stops the program when its launcher dies, however it dies (a launcher
+  that gets several SIGTERMs at once, as when the `train` above it is
+  SIGKILLed, may exit without stopping its workers);
+* writes the program's output one whole line per write, with `--tag`
+  prefixed `[<host>,<rank>]<stdout>:` or `[<host>,<rank>]<stderr>:` (under
+  mpirun, --tag-output tags and the master names the host instead);
+* reports the rank's start and its exit code with the end of its stderr to
+  the master's `train`, which decides the job's verdict on every host. The
+  reports are authenticated with the job's control key, which the wrapper
+  derives from its own host's config dir as its `train` does (see
+  training_toolkit.cluster.wire): no key is passed to it.
+"""
+import json
+import os
+import signal
+import sys
+
+CONTROL_ENV = "TRAINING_TOOLKIT_CONTROL"    # master address:port for reports
+RANKS_DIR_ENV = "TRAINING_TOOLKIT_RANKS_DIR"  # where this host's rank pids go
+REPORTED_TAIL = 8 * 1024
+
+
+def command(*options):
+    """The argv that starts this wrapper, OPTIONS and `--` included, on the
+    toolkit's interpreter. Every rank pays for it, so it starts lean: without
+    `site`, whose .pth files cost tens of milliseconds per interpreter, and
+    without PYTHON* variables, so that the user's PYTHONPATH (their code dir)
+    cannot shadow a module the wrapper imports. It imports only the standard
+    library and this package, found where this process found it."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # training_toolkit/
+    root = os.path.dirname(package)
+    boot = ("import sys; sys.path[0] = %r; import training_toolkit.cluster.rank as r; "
+            "sys.exit(r.main())" % root)
+    return [sys.executable, "-S", "-E", "-u", "-c", boot] + list(options) + ["--"]
+
+
+def rank_of(environ):
+    for name in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK"):
+        if environ.get(name) is not None:
+            return int(environ[name])
+    return 0
+
+
+def parse(argv):
+    """-> (env file or None, tag output?, program) ; program None on bad usage."""
+    env_file, tag = None, False
+    while argv and argv[0] != "--":
+        if argv[0] == "--env-file" and len(argv) > 1:
+            env_file, argv = argv[1], argv[2:]
+        elif argv[0] == "--tag":
+            tag, argv = True, argv[1:]
+        else:
+            return None, False, None
+    if len(argv) < 2:
+        return None, False, None
+    return env_file, tag, argv[1:]
+
+
+def main(argv=None):
+    env_file, tag, program = parse(sys.argv[1:] if argv is None else argv)
+    if program is None:
+        print("usage: python -m training_toolkit.rank [--env-file F] [--tag] -- PROGRAM [ARGS]",
+              file=sys.stderr)
+        return 64
+    env = dict(os.environ)
+    cwd = None
+    if env_file:
+        with open(env_file) as f:
+            spec = json.load(f)
+        env.update(spec["env"])
+        cwd = spec.get("cwd")
+    rank = rank_of(os.environ)
+    host = env.get("SM_CURRENT_HOST", "localhost")
+    address, _, port = env.get(CONTROL_ENV, "").rpartition(":")
+
+    from .. import params, proctree
+    from .control import send_once
+    from .wire import job_key
+    from ..job.paths import JobPaths
+    from ..supervise import Supervisor
+
+    key = None
+    if address and port:
+        config_dir = env.get("SM_INPUT_CONFIG_DIR") or JobPaths.from_environ(env).input_config_dir
+        key = job_key(config_dir, env)
+
+    def report(message):
+        if key is not None:
+            send_once(address, int(port), key, message)
+
+    grace = params.setting(env, params.GRACE_ENV)  # checked by this host's `train`
+    supervisor = Supervisor(grace)
+    signal.signal(signal.SIGTERM, lambda s, f: supervisor.terminate())
+    signal.signal(signal.SIGINT, lambda s, f: supervisor.terminate())
+    proctree.die_with_parent()  # the launcher's end is a SIGTERM here
+    report({"type": "rank_start", "rank": rank, "host": host, "pid": os.getpid()})
+    tags = {fd: b"[%s,%d]<%s>:" % (host.encode(), rank, name) for fd, name in
+            ((1, b"stdout"), (2, b"stderr"))} if tag else None
+    proc = supervisor.start(program, env=env, cwd=cwd, relay_stdout=True,
+                            line_at_a_time=True, tag=tags)
+    pid_file = None
+    if env.get(RANKS_DIR_ENV):
+        pid_file = os.path.join(env[RANKS_DIR_ENV], "%d.pid" % rank)
+        with open(pid_file, "w") as f:
+            f.write("%d %d\n" % (os.getpid(), proc.pid))
+    outcome = supervisor.wait()
+    tail = outcome.stderr_tail[-REPORTED_TAIL:].decode("utf-8", "replace")
+    report({"type": "rank_exit", "rank": rank, "host": host, "exit_code": outcome.exit_code,
+            "stderr_tail": tail})
+    if pid_file:
+        try:
+            os.unlink(pid_file)
+        except OSError:
+            pass
+    return outcome.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""The job's verdict bookkeeping on the master: where each rank runs, how
+each rank ended, which workers were lost or saw their launcher fail, and
+which failure came first.
+
+The control server (control.MasterControl, a Ledger) enters the hosts'
+reports here as they arrive; the coordination waits on the records and reads
+them when it decides the verdict. Every record is a named tuple: RankExit,
+LostWorker (a failure of no rank) and Failure (what ended the job).
+"""
+import collections
+import threading
+import time
+
+from ..errors import ClusterError
+
+# A rank's exit as its wrapper reported it; `at`: the master's monotonic time.
+RankExit = collections.namedtuple("RankExit", "at rank host exit_code")
+# What failed first: a rank, or (rank None) a worker host's own failure.
+Failure = collections.namedtuple("Failure", "rank host exit_code")
+
+
+class LostWorker(collections.namedtuple("LostWorker", "at host")):
+    """A worker whose `train` was lost before the verdict: a failure of no
+    rank, with the exit code of a cluster error; `at` as in RankExit."""
+
+    __slots__ = ()
+    rank = None
+    exit_code = ClusterError.exit_code
+
+
+class Ledger:
+    """The records, under one condition: control threads enter them, the
+    coordination waits for them and reads them.
+
+    `on_failure`, when set, is called (from the thread that entered it) with
+    the rank, host and exit code of the first failure entered after it was
+    set: the fail-fast hook."""
+
+    def __init__(self):
+        self.rank_hosts = {}     # rank -> host
+        self.exits = []          # RankExit, as reported
+        self.tails = {}          # rank -> end of its stderr, as reported
+        self.host_failures = {}  # worker host -> exit code of its local launcher
+        self.lost = []           # LostWorker
+        self.on_failure = None
+        self.decided = False     # the verdict went out; later losses are goodbyes
+        self._failed = False
+        self._cond = threading.Condition()
+
+    def rank_started(self, rank, host):
+        with self._cond:
+            self.rank_hosts[rank] = host
+            self._entered()
+
+    def rank_exited(self, rank, host, exit_code, stderr_tail=""):
+        """A rank's exit: its own report, or a launcher's notice that stands
+        in for it until it comes (mpirun's MPI_ABORT line, with no tail)."""
+        with self._cond:
+            self.exits.append(RankExit(time.monotonic(), rank, host, exit_code))
+            self.tails[rank] = stderr_tail
+            first = self._entered(Failure(rank, host, exit_code) if exit_code != 0 else None)
+        self._fail_fast(first)
+
+    def host_failed(self, host, exit_code):
+        """A worker's launcher failed (its ranks may not have said why)."""
+        with self._cond:
+            self.host_failures[host] = exit_code
+            first = self._entered(Failure(None, host, exit_code))
+        self._fail_fast(first)
+
+    def worker_lost(self, host):
+        """A worker's link closed: before the verdict its `train` is lost,
+        after it the link closing is its goodbye."""
+        if self.decided:
+            return
+        lost = LostWorker(time.monotonic(), host)
+        with self._cond:
+            self.lost.append(lost)
+            self.host_failures[host] = lost.exit_code
+            first = self._entered(Failure(None, host, lost.exit_code))
+        self._fail_fast(first)
+
+    def _entered(self, failure=None):
+        """Under the condition, after a change: wake the waiters; return
+        `failure` if it is the first the fail-fast hook is to hear of."""
+        self._cond.notify_all()
+        if failure is None or self._failed or self.on_failure is None:
+            return None
+        self._failed = True
+        return failure
+
+    def _fail_fast(self, failure):
+        if failure is not None:  # outside the condition: the hook stops processes
+            self.on_failure(*failure)
+
+    def exited_ranks(self):
+        """The ranks that reported their exit."""
+        return {e.rank for e in self.exits}
+
+    def was_lost(self, host):
+        return any(w.host == host for w in self.lost)
+
+    def wait_for_exits(self, count, deadline):
+        """Wait until `count` ranks reported their exit (or a failure)."""
+        with self._cond:
+            while len(self.exited_ranks()) < count and not any(
+                    e.exit_code for e in self.exits):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.5))
+            return True
+
+    def first_failure(self, wait_s=1.0):
+        """The Failure of the first rank that exited non-zero, or of a worker
+        whose `train` was lost before it, else of a worker whose launcher
+        failed; waits up to `wait_s` for a report on its way."""
+        deadline = time.monotonic() + wait_s
+        with self._cond:
+            while True:
+                failed = [e for e in self.exits if e.exit_code != 0] + self.lost
+                if failed:
+                    first = min(failed, key=lambda e: e.at)
+                    return Failure(first.rank, first.host, first.exit_code)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            for host, code in sorted(self.host_failures.items()):
+                return Failure(None, host, code)
+            return None

@@ -1,0 +1,365 @@
+"""The upload state machine: what the sync knows of each file, and its
+uploads to S3.
+
+Files below MULTIPART_THRESHOLD go up with one PutObject each, from a pool of
+CONCURRENCY threads: read once, hashed, and exactly those bytes sent. Larger
+files go through boto3's transfer manager (s3transfer), multipart,
+CONCURRENCY parts at a time, while another thread hashes them from the page
+cache (the multipart ETag for the same part size). botocore retries
+transient errors; a file that still fails is tried again later with a
+backoff. One file has at most one upload in flight; a file changed while it
+uploads is uploaded again afterwards, so the object ends with the file's
+last content. Deletes are not propagated.
+
+The state is the sync thread's alone: the upload and hash workers only post
+their results, which `handle_messages` takes on that thread.
+"""
+import collections
+import os
+import time
+
+from .. import backoff, s3
+from .verify import MULTIPART_CHUNKSIZE, MULTIPART_THRESHOLD, expected_etag, signature
+
+# Concurrent S3 requests: whole small files, or parts of large ones.
+CONCURRENCY = 10
+# botocore's own attempts per request (standard retry mode, short backoffs
+# for transient errors); then the file as a whole is tried again with our
+# backoff, up to MAX_ATTEMPTS times while the job runs and until the
+# deadline while draining.
+REQUEST_ATTEMPTS = 3
+MAX_ATTEMPTS = 5
+FIRST_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 8.0
+# An upload result: the file changed while it was read (it goes up again).
+CHANGED = "changed while reading"
+
+
+class _File:
+    """What the sync knows of one relative path."""
+
+    __slots__ = ("gen", "busy", "dirty", "attempts", "retry_at", "submit_sig", "upload_result",
+                 "hash_result", "sig", "etag", "ever_uploaded", "failed", "multipart", "candidate")
+
+    def __init__(self):
+        self.gen = 0               # bumped on every submission; stale results are ignored
+        self.busy = False          # an upload (and its hash) is in flight
+        self.dirty = False         # changed while in flight: upload again
+        self.attempts = 0          # failed attempts in a row
+        self.retry_at = None       # monotonic time of the next try after a failure
+        self.submit_sig = None     # stat signature when the upload was submitted
+        self.upload_result = None  # None: running; True: done; an exception: failed
+        self.hash_result = None    # (signature, etag) of the content hashed, or an exception
+        self.sig = None            # signature of the content last uploaded in full
+        self.etag = None           # its expected ETag
+        self.ever_uploaded = False
+        self.failed = False        # gave up (until the next event or the drain)
+        self.multipart = False     # the upload in flight goes through the transfer manager
+        # (signature, ETag) of a multipart upload that failed: S3 may have the
+        # object all the same (a CompleteMultipartUpload retried after it
+        # succeeded fails with NoSuchUpload), so the retry asks S3 first.
+        self.candidate = None
+
+
+class Uploads:
+    """The uploads of the files under `root` to s3://bucket/prefix.
+
+    `status` (sync.Status) counts them and hears of failures; `wake()` is
+    called when a worker posts a result; `idle` (a threading.Event) is
+    cleared when an upload starts; `stopping()` says whether the drain was
+    asked for (a failure is then retried until the deadline). Failed files
+    wait `backoff_s` (first, most) between tries."""
+
+    def __init__(self, root, bucket, prefix, status, wake, idle, stopping,
+                 backoff_s=(FIRST_BACKOFF_S, MAX_BACKOFF_S)):
+        self.root = root
+        self.bucket = bucket
+        self.prefix = prefix
+        self.backoff_s = backoff_s
+        self.client = None
+        self._status = status
+        self._wake = wake
+        self._idle = idle
+        self._stopping = stopping
+        self._files = {}
+        self._busy = set()   # paths with an upload in flight
+        self._retry = {}     # path -> monotonic time of its next try after a failure
+        self._waiting = set()  # wanted before the transfer manager existed
+        self._messages = collections.deque()  # results from the transfer and hash threads
+        self._manager = None
+        self._putter = None
+        self._hasher = None
+
+    def set_up(self, endpoint_url, region, timeout_s):
+        """Make the S3 client, the transfer manager and the worker pools, and
+        start what was wanted before; returns the client."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from s3transfer.manager import TransferConfig, TransferManager
+        from s3transfer.subscribers import BaseSubscriber
+
+        client = s3.client(endpoint_url, region, timeout_s, max_attempts=REQUEST_ATTEMPTS,
+                           max_pool_connections=2 * CONCURRENCY + 2)
+        config = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD,
+                                multipart_chunksize=MULTIPART_CHUNKSIZE,
+                                max_request_concurrency=CONCURRENCY)
+        uploads = self
+
+        class Done(BaseSubscriber):
+            def __init__(self, rel, gen):
+                self.rel, self.gen = rel, gen
+
+            def on_done(self, future, **kwargs):
+                try:
+                    future.result()
+                    result = True
+                except BaseException as err:  # noqa: BLE001 - reported, never raised here
+                    result = err
+                uploads._post(("upload", self.rel, self.gen, result))
+
+        self._Done = Done
+        self.client = client
+        self._putter = ThreadPoolExecutor(max_workers=CONCURRENCY,
+                                          thread_name_prefix="intermediate-put")
+        self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="intermediate-hash")
+        self._manager = TransferManager(client, config)
+        waiting, self._waiting = self._waiting, set()
+        for rel in sorted(waiting):
+            self.want(rel)
+        return client
+
+    def shut_down(self):
+        """Stop the workers, cancelling the transfers still in flight."""
+        if self._manager is not None:
+            try:
+                self._manager.shutdown(cancel=bool(self._busy),
+                                       cancel_msg="the drain deadline passed")
+            except Exception:  # noqa: BLE001
+                pass
+        for executor in (self._putter, self._hasher):
+            if executor is not None:
+                executor.shutdown(wait=True, cancel_futures=True)
+
+    # What the sync asks -----------------------------------------------
+
+    def settled(self):
+        """Nothing in flight, no retry waiting."""
+        return not self._busy and not self._retry
+
+    def idle(self):
+        return self.settled() and not self._waiting
+
+    def retry_times(self):
+        """The monotonic times of the retries waiting."""
+        return self._retry.values()
+
+    def changed(self, rel):
+        """Whether the file `rel` differs from what went up (and is not on its
+        way up already)."""
+        f = self._files.get(rel)
+        if f is None:
+            return True
+        if f.busy or f.retry_at is not None:
+            return False
+        try:
+            return signature(os.stat(os.path.join(self.root, rel))) != f.sig
+        except OSError:
+            return False
+
+    def uploaded(self):
+        """path -> (signature, ETag) of the content last uploaded in full, for
+        the files with no upload in flight (what `verify.verify` takes)."""
+        return {rel: (f.sig, f.etag) for rel, f in self._files.items()
+                if not f.busy and f.sig is not None}
+
+    def retry_failed_now(self):
+        """The drain: files that failed for good get another chance, and
+        those waiting for a retry go now."""
+        for rel, f in self._files.items():
+            if f.failed or f.retry_at is not None:
+                f.failed = False
+                self._set_retry(rel, f, time.monotonic())
+
+    def upload_again(self, rel):
+        """The drain found `rel` not verified: upload it again, unless an
+        upload is in flight."""
+        f = self._files.get(rel)
+        if f is not None and f.busy:
+            return
+        if f is not None:
+            f.sig = None
+        self.want(rel)
+
+    # Uploading --------------------------------------------------------
+
+    def want(self, rel):
+        if self._manager is None:
+            self._waiting.add(rel)
+            return
+        f = self._files.get(rel)
+        if f is None:
+            f = self._files[rel] = _File()
+        if f.busy:
+            f.dirty = True
+            return
+        f.failed = False
+        f.attempts = 0 if f.retry_at is None else f.attempts
+        self._submit(rel, f)
+
+    def retry_due(self):
+        now = time.monotonic()
+        for rel, at in list(self._retry.items()):
+            f = self._files[rel]
+            if at <= now and not f.busy:
+                self._submit(rel, f, check=True)
+
+    def handle_messages(self):
+        while self._messages:
+            kind, rel, gen, result = self._messages.popleft()
+            f = self._files.get(rel)
+            if f is None or gen != f.gen or not f.busy:
+                continue
+            if kind == "upload":
+                f.upload_result = result
+            else:
+                f.hash_result = result
+            # A multipart upload settles with its hash, even when it failed.
+            if f.upload_result is not None and (f.hash_result is not None or (
+                    f.upload_result is not True and not f.multipart)):
+                self._settle(rel, f)
+
+    def _post(self, message):
+        self._messages.append(message)
+        self._wake()
+
+    def _set_retry(self, rel, f, at):
+        f.retry_at = at
+        if at is None:
+            self._retry.pop(rel, None)
+        else:
+            self._retry[rel] = at
+
+    def _set_busy(self, rel, f, busy):
+        f.busy = busy
+        if busy:
+            self._busy.add(rel)
+        else:
+            self._busy.discard(rel)
+
+    def _submit(self, rel, f, check=False):
+        path = os.path.join(self.root, rel)
+        self._set_retry(rel, f, None)
+        try:
+            st = os.stat(path)
+        except OSError:
+            return  # gone (renamed, deleted, a dangling link)
+        import stat as stat_module
+
+        if not stat_module.S_ISREG(st.st_mode):
+            return
+        f.gen += 1
+        f.dirty = False
+        self._set_busy(rel, f, True)
+        f.submit_sig = signature(st)
+        f.upload_result = f.hash_result = None
+        f.multipart = st.st_size >= MULTIPART_THRESHOLD
+        candidate, f.candidate = f.candidate, None
+        self._idle.clear()
+        gen = f.gen
+        try:
+            if check and candidate is not None and candidate[0] == f.submit_sig:
+                self._putter.submit(self._check_object, rel, gen, candidate)
+            elif not f.multipart:
+                self._putter.submit(self._put_small, rel, gen, path)
+            else:
+                # Hashed while it uploads: the second read comes from the page
+                # cache, on another core.
+                self._hasher.submit(self._hash, rel, gen, path)
+                self._manager.upload(path, self.bucket, self.prefix + rel,
+                                     subscribers=[self._Done(rel, gen)])
+        except Exception as err:  # noqa: BLE001 - e.g. an executor refusing new work
+            self._set_busy(rel, f, False)
+            self._status.record_error(err, "uploading %s failed" % rel)
+
+    def _put_small(self, rel, gen, path):
+        """A file below the multipart threshold: one read, hashed, one PUT of
+        exactly those bytes."""
+        import hashlib
+
+        try:
+            with open(path, "rb") as fh:
+                before = signature(os.fstat(fh.fileno()))
+                data = fh.read(before[0] + 1)  # never more than it was (it may be growing)
+            if len(data) != before[0]:
+                self._post(("upload", rel, gen, CHANGED))
+                return
+            etag = hashlib.md5(data, usedforsecurity=False).hexdigest()
+            self.client.put_object(Bucket=self.bucket, Key=self.prefix + rel, Body=data)
+            self._post(("hash", rel, gen, (before, etag)))
+            self._post(("upload", rel, gen, True))
+        except Exception as err:  # noqa: BLE001 - reported, never raised here
+            self._post(("upload", rel, gen, err))
+
+    def _check_object(self, rel, gen, candidate):
+        """Whether S3 already holds `candidate`'s content (size and ETag);
+        if not, the file is uploaded again at once."""
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self.prefix + rel)
+            same = (head["ContentLength"] == candidate[0][0]
+                    and head["ETag"].strip('"') == candidate[1])
+        except Exception:  # noqa: BLE001 - not there, or S3 unreachable: upload it
+            same = False
+        if same:
+            self._post(("hash", rel, gen, candidate))
+            self._post(("upload", rel, gen, True))
+        else:
+            self._post(("hash", rel, gen, ValueError("not in S3")))
+            self._post(("upload", rel, gen, CHANGED))
+
+    def _hash(self, rel, gen, path):
+        try:
+            before = signature(os.stat(path))
+            etag = expected_etag(path, before[0])
+            after = signature(os.stat(path))
+            result = (after, etag) if after == before else ValueError("changed while hashing")
+        except Exception as err:  # noqa: BLE001
+            result = err
+        self._post(("hash", rel, gen, result))
+
+    def _settle(self, rel, f):
+        """An upload (and its hash) has ended: record it, and decide whether
+        the file goes up again."""
+        self._set_busy(rel, f, False)
+        result = f.upload_result
+        try:
+            now_sig = signature(os.stat(os.path.join(self.root, rel)))
+        except OSError:
+            now_sig = None
+        if result is not True:
+            if now_sig is None:
+                return  # gone while uploading (renamed away, deleted): not a failure
+            if f.dirty or result is CHANGED:
+                self.want(rel)
+                return
+            hashed = f.hash_result if isinstance(f.hash_result, tuple) else None
+            if f.multipart and hashed is not None and hashed[0] == f.submit_sig == now_sig:
+                f.candidate = hashed
+            f.attempts += 1
+            self._status.record_error(result, "uploading %s failed (attempt %d)"
+                                      % (rel, f.attempts))
+            self._status.add(failures=1)
+            if self._stopping() or f.attempts < MAX_ATTEMPTS:
+                delay = backoff.nth_delay(f.attempts, *self.backoff_s)
+                self._set_retry(rel, f, time.monotonic() + delay)
+            else:
+                f.failed = True
+            return
+        self._status.add(uploads=1, bytes=f.submit_sig[0], files=0 if f.ever_uploaded else 1)
+        f.ever_uploaded = True
+        f.attempts = 0
+        hashed = f.hash_result if isinstance(f.hash_result, tuple) else None
+        if f.dirty or now_sig != f.submit_sig or hashed is None or hashed[0] != f.submit_sig:
+            if now_sig is not None:
+                self.want(rel)  # changed while uploading: the last content must win
+            return
+        f.sig, f.etag = f.submit_sig, hashed[1]

@@ -1,0 +1,2 @@
+"""The job contract: the config files and environment of one job, read into
+an immutable Environment (see docs/architecture.md)."""

@@ -1,0 +1,442 @@
+"""The job contract: configuration files -> one immutable `Environment`, and
+the `SM_*` variables exported from it (every exported name comes from
+`EXPORTED`, below).
+
+The files are read when an `Environment` is built, never at import time;
+`checks` says what each field must be. A tree of the SDK v3 layout
+(`input/data/sm_drivers/`) is read by `v3`, which fills the same fields the
+hyperparameters fill for any other job (what to fetch and install, whether
+an entry point is needed, the runner, the command, the driver), so nothing
+downstream asks which layout the tree had. The reference's module API
+(`read_hyperparameters()`, the path constants) is the face's:
+`training_toolkit.environment`.
+"""
+import collections.abc
+import json
+import os
+import sys
+
+from .. import params
+from ..errors import ConfigError
+from . import checks, resources
+from .checks import TOO_DEEP, check_text, require
+from .paths import REQUIREMENTS_FILE, JobPaths, entry_point_path
+
+HOMOGENEOUS_GROUP = "homogeneousCluster"
+LOCAL_HOST = "algo-1"
+
+# SM_<KEY> -> the Environment property it exports. Channels (SM_CHANNEL_<NAME>)
+# and hyperparameters (SM_HP_<KEY>) are added per job in `to_env_vars`.
+EXPORTED = (
+    ("hosts", "hosts"),
+    ("network_interface_name", "network_interface_name"),
+    ("hps", "hyperparameters"),
+    ("user_entry_point", "user_entry_point"),
+    ("framework_params", "additional_framework_parameters"),
+    ("resource_config", "resource_config"),
+    ("input_data_config", "input_data_config"),
+    ("output_data_dir", "output_data_dir"),
+    ("channels", "channels"),
+    ("current_host", "current_host"),
+    ("current_host_rank", "current_host_rank"),
+    ("host_count", "host_count"),
+    ("current_instance_type", "current_instance_type"),
+    ("current_instance_group", "current_instance_group"),
+    ("current_instance_group_hosts", "current_instance_group_hosts"),
+    ("instance_groups", "instance_groups"),
+    ("instance_groups_dict", "instance_groups_dict"),
+    ("distribution_instance_groups", "distribution_instance_groups"),
+    ("is_hetero", "is_hetero"),
+    ("master_addr", "master_hostname"),
+    ("master_port", "master_port"),
+    ("module_name", "module_name"),
+    ("log_level", "log_level"),
+    ("framework_module", "framework_module"),
+    ("input_dir", "input_dir"),
+    ("input_config_dir", "input_config_dir"),
+    ("input_data_dir", "input_data_dir"),
+    ("output_dir", "output_dir"),
+    ("output_failure", "output_failure"),
+    ("num_cpus", "num_cpus"),
+    ("num_gpus", "num_gpus"),
+    ("num_neurons", "num_neurons"),
+    ("model_dir", "model_dir"),
+    ("module_dir", "module_dir"),
+    ("user_args", "user_args"),
+    ("output_intermediate_dir", "output_intermediate_dir"),
+    ("training_env", "training_env"),
+)
+
+# Properties that make up SM_TRAINING_ENV (the reference's property set, plus
+# the topology helpers everyone needs).
+TRAINING_ENV_FIELDS = (
+    "additional_framework_parameters", "channel_input_dirs", "current_host",
+    "current_host_rank", "current_instance_group", "current_instance_group_hosts",
+    "current_instance_type", "distribution_hosts", "distribution_instance_groups",
+    "framework_module", "host_count", "hosts", "hyperparameters", "input_config_dir",
+    "input_data_config", "input_data_dir", "input_dir", "instance_groups",
+    "instance_groups_dict", "is_hetero", "is_master", "is_modelparallel_enabled",
+    "is_smddpmprun_installed", "is_smddprun_installed", "job_name", "log_level",
+    "master_hostname", "master_port", "model_dir", "module_dir", "module_name",
+    "network_interface_name", "num_cpus", "num_gpus", "num_neurons", "output_data_dir",
+    "output_dir", "output_intermediate_dir", "resource_config", "topology",
+    "user_entry_point",
+)
+
+
+def read_json(path, default):
+    """A config file as JSON; `default` when the file is absent."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return default
+    except OSError as e:
+        raise ConfigError("cannot read: %s" % e.strerror, path=path) from None
+    try:
+        document = json.loads(data)
+    except ValueError as e:
+        raise ConfigError("not valid JSON: %s" % e, path=path) from None
+    except RecursionError:
+        raise ConfigError(TOO_DEEP, path=path) from None
+    require(not checks.too_deep(document), TOO_DEEP, path, None)
+    return document
+
+
+def read_hyperparameters(paths=None):
+    """hyperparameters.json, each value JSON-decoded (kept raw when it is not
+    JSON: people hand-write the file too)."""
+    paths = paths or JobPaths.from_environ()
+    hp_file = paths.hyperparameters_file
+    document = read_json(hp_file, {})
+    if not isinstance(document, dict):
+        raise ConfigError("must be a JSON object", path=hp_file)
+
+    def decode(key, raw):
+        try:
+            value = params.decode_value(raw)
+        except RecursionError:
+            raise ConfigError("the value is " + TOO_DEEP, path=hp_file, field=key) from None
+        require(not checks.too_deep(value), "the value is " + TOO_DEEP, hp_file, key)
+        return value
+
+    return {k: decode(k, v) for k, v in document.items()}
+
+
+def legacy_job(paths, environ, sagemaker_hps, framework_params, entry_point, entry_point_source):
+    """What a job of the platform's own layout needs, from its
+    hyperparameters and environment overrides: the fields `v3.job_fields`
+    fills for an SDK v3 tree."""
+    hp_file = paths.hyperparameters_file
+    module_dir = (environ.get(params.SUBMIT_DIR_ENV) or sagemaker_hps.get(params.SUBMIT_DIR)
+                  or paths.code_dir)
+    checks.check_submit_dir(module_dir, paths.code_dir, environ, hp_file)
+    checks.check_one_launcher(framework_params, hp_file)
+    runner = next((runner for runner, switches, _program in params.LAUNCHERS
+                   if any(params.is_true(framework_params.get(s)) for s in switches)), "Process")
+    return dict(
+        user_entry_point=entry_point, entry_point_source=entry_point_source,
+        module_dir=module_dir, code_dir=paths.code_dir,
+        # The code dir holding setup.py/pyproject.toml is a package: pip installs
+        # it, and its entry point runs with `python -m`.
+        code_archive=None, requirements=REQUIREMENTS_FILE, requirements_required=False,
+        requirements_source=None, code_as_package=True,
+        needs_entry_point=True, distributes=False, runner=runner, shell_command=None,
+        driver_script=None, distributed=None, v3_job=None, framework_defaults={},
+        hyperparameter_defaults={}, format_args=params.to_cmd_args, extra_exports={})
+
+
+class Environment(collections.abc.Mapping):
+    """A read-only snapshot of the job: topology, hyperparameters, paths,
+    resources, and what runs (runner, entry point or command, what to fetch
+    and install).
+
+    `Environment()` reads the job tree at SAGEMAKER_BASE_DIR (else /opt/ml);
+    each document given as an argument replaces only that file, as in
+    sagemaker_training: `hyperparameters` are decoded values (what
+    `read_hyperparameters()` returns), the two configs are JSON objects.
+    As a mapping it is SM_TRAINING_ENV: property name -> value.
+
+    Beyond the reference's properties, what the pipeline and the runners
+    read: `code_archive` (a .tar.gz in the code dir to extract there, or
+    None), `requirements` (the file in the code dir pip installs, or None),
+    `requirements_required` (whether a missing one is an error, or skipped),
+    `requirements_source` ((file, field) where the job named it, which then
+    must lie inside the code dir; None for the default), `code_as_package`
+    (setup.py/pyproject.toml make the code dir a package, installed and run
+    with `python -m`), `needs_entry_point`, `runner` (the runners.RunnerType
+    value this host runs), `shell_command` (a command line for bash instead of
+    the entry point), `driver_script` (the custom driver's path), `distributed`
+    (the distribution config's fields), `extra_exports` (variables exported
+    beyond the reference's: the SDK v3 drivers'), and `v3_job` (the SDK v3
+    tree as `v3.read` found it, or None: kept for those who ask what the tree
+    said, the unit tests among them; nothing decides on it)."""
+
+    def __init__(self, resource_config=None, input_data_config=None, hyperparameters=None,
+                 paths=None, environ=None, distributed=None, source_code=None):
+        environ = os.environ if environ is None else environ
+        paths = paths or JobPaths.from_environ(environ)
+        self.__dict__["paths"] = paths
+        self.__dict__["_values"] = _read(paths, environ, resource_config, input_data_config,
+                                         hyperparameters, distributed, source_code)
+
+    @classmethod
+    def read(cls, paths=None, environ=None):
+        """The job tree's config files (under SAGEMAKER_BASE_DIR, or `paths`),
+        checked to fit in the user's process (`checks.check_exec_limits`)."""
+        env = cls(paths=paths, environ=environ)
+        checks.check_exec_limits(env, environ)
+        return env
+
+    def __getattr__(self, name):
+        try:
+            return self.__dict__["_values"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name, value):
+        raise AttributeError("Environment is read-only")
+
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | set(self._values))
+
+    # A mapping of SM_TRAINING_ENV, as the reference's Environment is.
+    def __getitem__(self, key):
+        return self.training_env[key]
+
+    def __iter__(self):
+        return iter(self.training_env)
+
+    def __len__(self):
+        return len(self.training_env)
+
+    def properties(self):
+        return list(TRAINING_ENV_FIELDS)
+
+    def framework_param(self, key, default=None):
+        return self.additional_framework_parameters.get(key, default)
+
+    def sagemaker_s3_output(self):
+        return self.s3_output
+
+    # The reference's getters, for toolkits that call them.
+    def get_current_instance_group(self):
+        return self.current_instance_group
+
+    def get_current_instance_group_hosts(self):
+        return list(self.current_instance_group_hosts)
+
+    def get_instance_groups(self):
+        return list(self.instance_groups)
+
+    def get_instance_groups_dict(self):
+        return dict(self.instance_groups_dict)
+
+    def get_distribution_hosts(self):
+        return list(self.distribution_hosts)
+
+    def get_master_hostname(self):
+        return self.master_hostname
+
+    def get_distribution_instance_groups_from_resource_config(self):
+        return list(self.distribution_instance_groups)
+
+    def to_cmd_args(self):
+        return list(self.user_args)
+
+    def to_env_vars(self):
+        """The exported `SM_*` variables, as strings."""
+        out = {}
+        for key, prop in EXPORTED:
+            out["SM_" + key.upper()] = params.format_env_value(getattr(self, prop))
+        if self.topology:
+            out["SM_TOPOLOGY"] = params.format_env_value(self.topology)
+        for name, path in self.channel_input_dirs.items():
+            out["SM_CHANNEL_" + name.upper()] = path
+        for key, value in self.hyperparameters.items():
+            formatted = params.format_env_value(value)
+            out["SM_HP_" + key.upper()] = formatted
+            # The reference keeps dashes; SDK v3 turns them into underscores.
+            out["SM_HP_" + key.upper().replace("-", "_")] = formatted
+        out.update(self.extra_exports)
+        return out
+
+    def __repr__(self):
+        return "Environment(current_host=%r, hosts=%r, entry_point=%r)" % (
+            self.current_host, self.hosts, self.user_entry_point)
+
+
+def _read(paths, environ, resource_config, input_data_config, hyperparameters, distributed,
+          source_code):
+    """The Environment's fields, each checked (see `checks`) in the order a
+    job's configuration is read: cluster, channels, hyperparameters, what
+    runs, then its placement."""
+    rc_file = paths.resource_config_file
+    hp_file = paths.hyperparameters_file
+    idc_file = paths.input_data_config_file
+
+    if resource_config is None:
+        resource_config = read_json(rc_file, None) or {
+            "current_host": LOCAL_HOST, "hosts": [LOCAL_HOST]}
+    hosts = checks.check_hosts(resource_config, rc_file)
+    current_host = resource_config.get("current_host")
+    instance_type = resource_config.get("current_instance_type", "local")
+    interface = resource_config.get("network_interface_name", "eth0")
+    check_text(instance_type, rc_file, "current_instance_type")
+    check_text(interface, rc_file, "network_interface_name")
+
+    if input_data_config is None:
+        input_data_config = read_json(idc_file, {})
+    checks.check_channels(input_data_config, idc_file)
+
+    if hyperparameters is None:
+        hyperparameters = read_hyperparameters(paths)
+    require(isinstance(hyperparameters, dict), "must be a JSON object", hp_file, None)
+    sagemaker_hps = {k: v for k, v in hyperparameters.items()
+                     if k in params.RESERVED or k.startswith(params.SAGEMAKER_PREFIX)}
+    user_hps = {k: v for k, v in hyperparameters.items() if k not in sagemaker_hps}
+    framework_params = {k: v for k, v in sagemaker_hps.items() if k not in params.RESERVED}
+    checks.check_hyperparameters(user_hps, sagemaker_hps, hp_file)
+
+    # What runs: environment overrides first, then hyperparameters; an SDK v3
+    # tree names it in sm_drivers/ and ships the code as a channel.
+    entry_point = environ.get(params.PROGRAM_ENV) or sagemaker_hps.get(params.USER_PROGRAM)
+    entry_point_source = ((None, params.PROGRAM_ENV) if environ.get(params.PROGRAM_ENV)
+                          else (hp_file, params.USER_PROGRAM))
+    if distributed is not None or source_code is not None or os.path.isdir(paths.drivers_dir):
+        from . import v3
+
+        if distributed is None:
+            distributed = read_json(paths.distributed_config_file, None)
+        if source_code is None:
+            source_code = read_json(paths.source_code_file, None)
+        job = v3.job_fields(v3.read(paths, distributed, source_code), paths, entry_point,
+                            entry_point_source)
+    else:
+        job = legacy_job(paths, environ, sagemaker_hps, framework_params, entry_point,
+                         entry_point_source)
+    distributes, format_args = job.pop("distributes"), job.pop("format_args")
+    for key, value in job.pop("framework_defaults").items():
+        framework_params.setdefault(key, value)
+    for key, value in job.pop("hyperparameter_defaults").items():
+        user_hps.setdefault(key, value)
+    entry_point, code_dir = job["user_entry_point"], job["code_dir"]
+    if entry_point:
+        # Here as far as the path goes; again once the code (and its links) is fetched.
+        check_text(entry_point, *job["entry_point_source"])
+        entry_point_path(code_dir, entry_point, *job["entry_point_source"])
+
+    placement = _placement(paths, resource_config, hosts, framework_params, distributes)
+    if framework_params.get(params.MPI_PROCESSES_PER_HOST):  # checked before any fetch
+        resources.processes_per_host(framework_params[params.MPI_PROCESSES_PER_HOST], hp_file)
+    # Distributed runners run on the hosts of the distribution instance groups;
+    # the other hosts run the program as one process.
+    if placement["current_instance_group"] not in placement["distribution_instance_groups"]:
+        job["runner"] = "Process"
+    master = placement["master_hostname"]
+
+    job_python = environ.get(params.JOB_PYTHON_ENV) or sys.executable
+    checks.check_job_python(job_python)
+    log_level = checks.check_log_level(sagemaker_hps.get(params.LOG_LEVEL, 20), hp_file)
+    master_port = params.setting(environ, params.MASTER_PORT_ENV)
+    if environ.get(params.S3_ENDPOINT_ENV):
+        checks.check_endpoint_url(environ[params.S3_ENDPOINT_ENV])
+    mp_parameters = user_hps.get("mp_parameters") or environ.get("SM_HP_MP_PARAMETERS")
+    channel_dirs = {name: paths.channel_dir(name) for name in input_data_config}
+
+    # The configured interface if this host has it (one stat), else the one
+    # that routes to the master (SDK v3 local mode names "ethwe"): network.py.
+    from .network import interface_for
+    interface = interface_for(interface, master, len(hosts) > 1, rc_file,
+                              named="network_interface_name" in resource_config)
+    values = dict(
+        job,
+        **placement,
+        hosts=hosts,
+        current_host=current_host,
+        current_host_rank=hosts.index(current_host),
+        host_count=len(hosts),
+        current_instance_type=instance_type,
+        is_master=current_host == master,
+        master_port=master_port,
+        network_interface_name=interface,
+        topology=resource_config.get("topology", []),
+        resource_config=resource_config,
+        input_data_config=input_data_config,
+        channel_input_dirs=channel_dirs,
+        channels=sorted(channel_dirs),
+        hyperparameters=user_hps,
+        additional_framework_parameters=framework_params,
+        module_name=_module_name(entry_point),
+        module_dir=str(job["module_dir"]),
+        job_python=job_python,
+        log_level=log_level,
+        framework_module=environ.get(params.TRAINING_MODULE_ENV),
+        # The platform's name of this job (each tuning trial has its own, while
+        # sagemaker_job_name is the tuning job's), as the reference takes it;
+        # the hyperparameter only where the platform sets none (a local run).
+        job_name=environ.get(params.TRAINING_JOB_ENV) or sagemaker_hps.get(params.JOB_NAME),
+        region=(sagemaker_hps.get(params.REGION) or environ.get(params.REGION_ENV)
+                or environ.get("AWS_DEFAULT_REGION")),
+        s3_output=sagemaker_hps.get(params.S3_OUTPUT),
+        input_dir=paths.input_dir,
+        input_config_dir=paths.input_config_dir,
+        input_data_dir=paths.input_data_dir,
+        model_dir=paths.model_dir,
+        output_dir=paths.output_dir,
+        output_data_dir=paths.output_data_dir,
+        output_intermediate_dir=paths.output_intermediate_dir,
+        output_failure=paths.failure_file,
+        num_cpus=resources.num_cpus(),
+        num_gpus=resources.num_gpus(),
+        num_neurons=resources.num_neurons(instance_type),
+        is_modelparallel_enabled=bool(mp_parameters) and mp_parameters not in ("{}", {}),
+        is_smddprun_installed=resources.which("smddprun") is not None,
+        is_smddpmprun_installed=resources.which("smddpmprun") is not None,
+        user_args=format_args(user_hps),
+    )
+    values["training_env"] = {name: values[name] for name in TRAINING_ENV_FIELDS}
+    return values
+
+
+def _placement(paths, resource_config, hosts, framework_params, distributes):
+    """The instance groups and the hosts a distributed runner spans (those of
+    the distribution instance groups; every host without groups), and its
+    master: the first of them."""
+    rc_file = paths.resource_config_file
+    groups = resource_config.get("instance_groups") or []
+    checks.check_instance_groups(groups, hosts, rc_file)
+    current_group = resource_config.get("current_group_name", HOMOGENEOUS_GROUP)
+    if current_group is not None:
+        check_text(current_group, rc_file, "current_group_name")
+    groups_dict = {g["instance_group_name"]: g for g in groups}
+    dist_groups = framework_params.get(params.DISTRIBUTION_INSTANCE_GROUPS)
+    if dist_groups is None:
+        switched_on = distributes or any(
+            params.is_true(framework_params.get(k, False)) for k in params.DISTRIBUTION_SWITCHES)
+        dist_groups = [current_group] if switched_on else []
+    checks.check_distribution_groups(dist_groups, groups_dict, rc_file,
+                                     paths.hyperparameters_file)
+    if groups:
+        dist_hosts = sorted(h for g in groups if g["instance_group_name"] in dist_groups
+                            for h in g["hosts"])
+    else:
+        dist_hosts = list(hosts)
+    return dict(
+        current_instance_group=current_group,
+        current_instance_group_hosts=list(groups_dict.get(current_group, {}).get("hosts", [])),
+        instance_groups=[g["instance_group_name"] for g in groups],
+        instance_groups_dict=groups_dict,
+        distribution_instance_groups=dist_groups,
+        distribution_hosts=dist_hosts,
+        is_hetero=len(groups) > 1,
+        master_hostname=dist_hosts[0] if dist_hosts else hosts[0],
+    )
+
+
+def _module_name(entry_point):
+    """The entry point without `.py`, as sagemaker_training names it."""
+    if not entry_point:
+        return None
+    name = str(entry_point)
+    return name[:-3] if name.endswith(".py") else name

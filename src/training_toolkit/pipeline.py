@@ -1,0 +1,190 @@
+"""The corridor: the phases of one host's job, from the code to the user's exit.
+
+fetch -> install -> check the entry point -> plan -> run, each recorded by
+the job's Reporter (`_phase`). `train` runs them all through `execute`; the
+drop-in faces (`entry_point.run`, `runner.get(...).run()`, the reference's
+runner classes) through `prepare` and `launch`, on the job `current_job()`
+returns. What each phase does is decided by the Environment's fields (the
+code archive, the requirements file, the runner, ...), never by which layout
+the job tree had.
+"""
+import os
+import stat
+
+from . import context, log, params
+from .errors import CodeNotFoundError, ConfigError, ExecuteUserScriptError
+from .job.checks import check_requirements_file
+from .job.environment import Environment
+from .job.paths import entry_point_path, is_populated
+from .runners import load, load_for, select
+from .runners.plan import COMMAND, PYTHON_PACKAGE, entry_kind
+
+
+def _phase(reporter, name, fn, *args, **kwargs):
+    reporter.begin(name)
+    reporter.write_status()
+    result = fn(*args, **kwargs)
+    reporter.end()
+    return result
+
+
+def fetch(env, uri):
+    """Bring the code to env.code_dir unless it is already there (code baked
+    into the image, or fetched by an earlier step). A job whose code arrives
+    as an archive in the code dir (an SDK v3 source_dir .tar.gz) has it
+    extracted there, as sm_train.sh does."""
+    if env.code_archive:
+        return _extract_code_archive(env, env.code_archive)
+    if not uri or os.path.abspath(str(uri)) == os.path.abspath(env.code_dir) or \
+            is_populated(env.code_dir):
+        return
+    from .fetch import fetch_code
+
+    done = fetch_code(str(uri), env.code_dir,
+                      endpoint_url=os.environ.get(params.S3_ENDPOINT_ENV) or None,
+                      region=env.region)
+    if done:
+        log.info(done)
+
+
+def _extract_code_archive(env, archive):
+    if not os.path.isfile(archive):
+        return
+    from .fetch import fetch_code
+
+    staging = env.code_dir.rstrip(os.sep) + ".extracting"
+    log.info(fetch_code(archive, staging))
+    for name in os.listdir(staging):
+        os.replace(os.path.join(staging, name), os.path.join(env.code_dir, name))
+    os.rmdir(staging)
+
+
+def install_dependencies(env, supervisor):
+    """pip installs what the job asks for: its requirements file (a missing
+    one is an error where the job requires it, else skipped) and, where the
+    code dir is a package (setup.py/pyproject.toml), the code dir itself."""
+    from .install import install as pip_install
+
+    requirements = env.requirements
+    if requirements and (env.requirements_required
+                         or os.path.isfile(os.path.join(env.code_dir, requirements))):
+        if env.requirements_source is not None:  # again, now that its links are here
+            check_requirements_file(env.code_dir, requirements, *env.requirements_source)
+        if not os.path.isfile(os.path.join(env.code_dir, requirements)):
+            raise CodeNotFoundError("requirements file %r not found in %s"
+                                    % (requirements, env.code_dir),
+                                    uri=env.requirements_source[0])
+    else:
+        requirements = None
+    pip_install(env.code_dir, supervisor, env.job_python, requirements=requirements,
+                package=env.code_as_package)
+
+
+def check_entry_point(env, entry_point):
+    """The entry point must exist before anything starts; a `.sh` or other
+    command loses its exec bit in some archives, so restore it. A job that
+    runs a command or a driver instead needs none."""
+    if not named_entry_point(env, entry_point):
+        return
+    # Again now that the code, and any link in it, is here.
+    path = entry_point_path(env.code_dir, entry_point, *env.entry_point_source)
+    kind = entry_kind(env.code_dir, entry_point, packages=env.code_as_package)
+    if kind == PYTHON_PACKAGE:
+        return
+    if not os.path.isfile(path):
+        try:
+            present = sorted(os.listdir(env.code_dir))[:20]
+        except OSError:
+            present = []
+        raise CodeNotFoundError("entry point %r not found in %s (it holds: %s)"
+                                % (entry_point, env.code_dir, ", ".join(present) or "nothing"),
+                                uri=env.module_dir)
+    if kind == COMMAND:
+        mode = os.stat(path).st_mode
+        if not mode & stat.S_IXUSR:
+            os.chmod(path, mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+def named_entry_point(env, entry_point):
+    """The entry point, or None for a job that runs a command or a driver
+    without one; ConfigError when the job needs one and names none."""
+    if not entry_point and env.needs_entry_point:
+        raise ConfigError("no entry point: set the %s hyperparameter or %s"
+                          % (params.USER_PROGRAM, params.PROGRAM_ENV),
+                          path=env.paths.hyperparameters_file, field=params.USER_PROGRAM)
+    return entry_point or None
+
+
+def plan(env, entry_point=None, args=None, runner_type=None, env_vars=None, extra_opts=None,
+         command=None):
+    """The launch plan for this host (pure: nothing is started). An explicit
+    `command` (`train -- COMMAND`) runs as one process, as it is."""
+    if command:
+        from .runners import process
+
+        return process.plan_command(env, command, env_vars)
+    runner_type = runner_type or select(env)
+    entry_point = named_entry_point(env, entry_point or env.user_entry_point)
+    args = env.to_cmd_args() if args is None else list(args)
+    return load(runner_type).plan(env, entry_point, args, extra_env=env_vars,
+                                  options=extra_opts or {})
+
+
+def prepare(env, supervisor, reporter, uri=None):
+    """Fetch and install the code (the steps before any user process)."""
+    uri = env.module_dir if uri is None else uri
+    _phase(reporter, "fetch", fetch, env, uri)
+    _phase(reporter, "install", install_dependencies, env, supervisor)
+
+
+def launch(env, supervisor, reporter, entry_point=None, args=None, runner_type=None,
+           env_vars=None, extra_opts=None, wait=True, command=None):
+    """Run the prepared code; returns the Outcome of a successful run and
+    raises ExecuteUserScriptError for a failed one. With wait=False, returns
+    the started process of a single-process plan instead."""
+    entry_point = entry_point or env.user_entry_point
+    args = env.to_cmd_args() if args is None else list(args)
+    if command is None:
+        check_entry_point(env, entry_point)
+    else:
+        entry_point = command[0]
+    launch_plan = plan(env, entry_point, args, runner_type, env_vars, extra_opts, command)
+    if not wait:
+        cmd = launch_plan.command
+        return supervisor.start(cmd.argv, env=cmd.full_env(), cwd=cmd.cwd, relay_stderr=False)
+    runner = load_for(launch_plan)
+    command = launch_plan.command.shell_line() if launch_plan.command else None
+    reporter.set(runner=launch_plan.runner, role=launch_plan.role, command=command,
+                 **launch_plan.status)
+    log.info("running %s (%s runner, %s): %s" % (
+        entry_point or "the job", launch_plan.runner, launch_plan.role,
+        command or "serving the master's ranks"))
+    outcome = _phase(reporter, "run", runner.run, launch_plan, supervisor, env, reporter)
+    if outcome.exit_code != 0 or outcome.terminated_by_us:
+        code = outcome.exit_code or 143  # stopped by SIGTERM counts as a failure
+        raise ExecuteUserScriptError(list(launch_plan.command.argv) if launch_plan.command
+                                     else [entry_point] + args, code, outcome.stderr_tail,
+                                     where=outcome.where)
+    return outcome
+
+
+def execute(env, supervisor, reporter, uri=None, entry_point=None, args=None,
+            runner_type=None, env_vars=None, extra_opts=None, wait=True, command=None):
+    """Fetch, install and run (see `launch`)."""
+    prepare(env, supervisor, reporter, uri)
+    return launch(env, supervisor, reporter, entry_point, args, runner_type, env_vars,
+                  extra_opts, wait, command)
+
+
+def current_job():
+    """The environment, supervisor and reporter of the job this runs in: the
+    `train` process's (context.current()), so that a framework hook's calls
+    share its signal handling and status file; fresh ones outside `train`."""
+    env = Environment()
+    job = context.current()
+    if job is not None:
+        return env, job.supervisor, job.reporter
+    from .report import Reporter
+    from .supervise import Supervisor
+
+    return env, Supervisor(), Reporter(env.paths)
