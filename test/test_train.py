@@ -473,6 +473,22 @@ def test_plan_and_env_commands(tmp_path):
     assert "SM_HP_EPOCHS=2" in out.splitlines()
 
 
+@pytest.mark.parametrize("command", ["env", "plan"])
+def test_a_reader_that_left_is_141_without_a_traceback(tmp_path, command):
+    # `training-toolkit env | head`: the pipe's reader is gone before the
+    # first write (its read end closed here), which used to be exit 70.
+    job = Job(tmp_path, {"train.py": "print(1)"})
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        r = subprocess.run(["training-toolkit", command, "--job-dir", job.base], stdout=write_end,
+                           stderr=subprocess.PIPE, timeout=60)
+    finally:
+        os.close(write_end)
+    assert r.returncode == 141, r.stderr.decode()
+    assert r.stderr == b""
+
+
 def test_local_runs_the_example(tmp_path):
     example = os.path.join(os.path.dirname(__file__), "..", "examples", "linear-regression")
     r = subprocess.run(["training-toolkit", "local", example, "--hp", "epochs=300",

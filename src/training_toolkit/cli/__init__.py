@@ -255,6 +255,11 @@ def main(argv=None):
     except ToolkitError as e:
         print("training-toolkit: %s" % e.message, file=sys.stderr)
         return e.exit_code
+    except BrokenPipeError:
+        # The reader left (`training-toolkit env | head`): end as a shell
+        # tool killed by SIGPIPE does, without a traceback at exit's flush.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13
     except Exception as e:  # noqa: BLE001 - a bug: one line, and the documented code
         error = InternalError("internal error in training-toolkit (please report it): %s: %s"
                               % (type(e).__name__, e))
