@@ -55,6 +55,13 @@ LAUNCHERS = (
     ("PyTorchXLA", (XLA_MULTI_WORKER_ENABLED,), "xla_spawn"),
 )
 
+# Outside SageMaker: which orchestrator places this host (auto: detected),
+# and the runner and processes per host when the orchestrator's default is
+# not wanted (job/orchestrators/).
+ORCHESTRATOR_ENV = "TRAINING_TOOLKIT_ORCHESTRATOR"
+RUNNER_ENV = "TRAINING_TOOLKIT_RUNNER"
+PROCESSES_PER_HOST_ENV = "TRAINING_TOOLKIT_PROCESSES_PER_HOST"
+
 # Environment overrides.
 PROGRAM_ENV = "SAGEMAKER_PROGRAM"
 SUBMIT_DIR_ENV = "SAGEMAKER_SUBMIT_DIRECTORY"

@@ -63,9 +63,10 @@ def check_text(value, path, field, variable_name=False):
     require(why is None, "%s %s" % (shown(value), why), path, field)
 
 
-def check_hosts(resource_config, path):
+def check_hosts(resource_config, path, in_rank_order=False):
     """resourceconfig.json's hosts: a non-empty list of usable names, each
-    once, and current_host one of them; returns the hosts, sorted."""
+    once, and current_host one of them; returns the hosts, sorted (SageMaker's
+    order), or as given when they are an orchestrator's, in its rank order."""
     require(isinstance(resource_config, dict), "must be a JSON object", path, None)
     hosts = resource_config.get("hosts")
     require(isinstance(hosts, list) and hosts and all(isinstance(h, str) and h for h in hosts),
@@ -75,7 +76,8 @@ def check_hosts(resource_config, path):
     repeated = sorted(h for h, n in collections.Counter(hosts).items() if n > 1)
     require(not repeated, "names %s more than once: each host is listed once"
             % ", ".join(repeated), path, "hosts")
-    hosts = sorted(hosts)
+    if not in_rank_order:
+        hosts = sorted(hosts)
     current_host = resource_config.get("current_host")
     require(current_host in hosts, "%r is not one of hosts %s" % (current_host, hosts),
             path, "current_host")

@@ -275,10 +275,19 @@ def _read(paths, environ, resource_config, input_data_config, hyperparameters, d
     hp_file = paths.hyperparameters_file
     idc_file = paths.input_data_config_file
 
+    # Outside SageMaker (no resourceconfig.json), an orchestrator's own
+    # variables place this host: orchestrators/ (None on SageMaker and alone).
+    orchestrated = None
     if resource_config is None:
-        resource_config = read_json(rc_file, None) or {
-            "current_host": LOCAL_HOST, "hosts": [LOCAL_HOST]}
-    hosts = checks.check_hosts(resource_config, rc_file)
+        resource_config = read_json(rc_file, None)
+        if resource_config is None:
+            from .orchestrators import detect
+
+            orchestrated = detect(environ, rc_file)
+        if orchestrated is not None:
+            resource_config = _resource_config_of(orchestrated)
+        resource_config = resource_config or {"current_host": LOCAL_HOST, "hosts": [LOCAL_HOST]}
+    hosts = checks.check_hosts(resource_config, rc_file, in_rank_order=orchestrated is not None)
     current_host = resource_config.get("current_host")
     instance_type = resource_config.get("current_instance_type", "local")
     interface = resource_config.get("network_interface_name", "eth0")
@@ -315,6 +324,8 @@ def _read(paths, environ, resource_config, input_data_config, hyperparameters, d
     else:
         job = legacy_job(paths, environ, sagemaker_hps, framework_params, entry_point,
                          entry_point_source)
+    if orchestrated is not None:
+        _launch_as_orchestrated(orchestrated, job, framework_params)
     distributes, format_args = job.pop("distributes"), job.pop("format_args")
     for key, value in job.pop("framework_defaults").items():
         framework_params.setdefault(key, value)
@@ -358,6 +369,7 @@ def _read(paths, environ, resource_config, input_data_config, hyperparameters, d
         host_count=len(hosts),
         current_instance_type=instance_type,
         is_master=current_host == master,
+        orchestrator=orchestrated.orchestrator if orchestrated is not None else None,
         master_port=master_port,
         network_interface_name=interface,
         topology=resource_config.get("topology", []),
@@ -397,6 +409,40 @@ def _read(paths, environ, resource_config, input_data_config, hyperparameters, d
     )
     values["training_env"] = {name: values[name] for name in TRAINING_ENV_FIELDS}
     return values
+
+
+def _resource_config_of(placement):
+    """The resourceconfig.json an orchestrator's placement stands for: its
+    hosts in the orchestrator's rank order (rank 0, the master, first)."""
+    if placement.hosts is None:  # Kubeflow and Batch name no hosts: the roster is not built yet
+        if placement.num_nodes != 1:
+            raise ConfigError("%s gives %d nodes but no host list, and training-toolkit does not "
+                              "build the roster yet (issue 21); run one node, or set %s=none to "
+                              "run each node alone" % (placement.orchestrator,
+                                                       placement.num_nodes or "some",
+                                                       params.ORCHESTRATOR_ENV),
+                              field=params.ORCHESTRATOR_ENV)
+        return {"current_host": placement.current_host, "hosts": [placement.current_host]}
+    if placement.current_host not in placement.hosts:  # an MPIJob launcher apart from its workers
+        raise ConfigError("%s: this host (%s) runs no rank of %s, and a launcher apart from its "
+                          "hosts is not built yet (issue 21)"
+                          % (placement.orchestrator, placement.current_host,
+                             ", ".join(placement.hosts)), field=params.ORCHESTRATOR_ENV)
+    return {"current_host": placement.current_host, "hosts": list(placement.hosts)}
+
+
+# The runner each orchestrator's own launcher semantics ask for, when the job
+# names none (no sagemaker_*_enabled hyperparameter).
+_ORCHESTRATED_RUNNERS = {"process": "Process", "torchrun": "TorchDistributed", "mpi": "MPI"}
+
+
+def _launch_as_orchestrated(placement, job, framework_params):
+    if placement.task_per_rank:  # Slurm started every rank: no second launcher
+        job["runner"] = "Process"
+    elif job["runner"] == "Process" and not job["distributes"]:
+        job["runner"] = _ORCHESTRATED_RUNNERS[placement.default_runner]
+    if placement.processes_per_host:
+        framework_params.setdefault(params.MPI_PROCESSES_PER_HOST, placement.processes_per_host)
 
 
 def _placement(paths, resource_config, hosts, framework_params, distributes):

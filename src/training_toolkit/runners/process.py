@@ -18,10 +18,13 @@ def plan(env, entry_point, args, extra_env=None, options=None):
 
 def plan_command(env, command, extra_env=None):
     """An explicit command (`train -- COMMAND [ARGS]`), run as it is (found on
-    PATH, never through a shell) from the code dir when there is one."""
+    PATH, never through a shell): on SageMaker from the code dir when there is
+    one; under another orchestrator from where `train` started (the job's
+    directory under srun and sbatch, the container's on Kubernetes)."""
     import os
 
-    cwd = env.code_dir if os.path.isdir(env.code_dir) else os.getcwd()
+    in_code_dir = env.orchestrator is None and os.path.isdir(env.code_dir)
+    cwd = env.code_dir if in_code_dir else os.getcwd()
     return LaunchPlan(NAME, env.current_host, "single",
                       Command(command, base_env(env, extra_env), cwd),
                       notes=("an explicit command, instead of the job's entry point",))

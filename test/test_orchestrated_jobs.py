@@ -1,0 +1,120 @@
+"""`train` placed by an orchestrator's variables instead of resourceconfig.json
+(issue 21, first slice: detection and placement; docs/orchestrators.md).
+
+The variables are those Slurm 22.05 gives one task of `srun -N2
+--ntasks-per-node=1` (see test/test_orchestrators.py for their sources); no
+Slurm runs here: test/test_slurm.py runs the real daemons. Each job tree has
+no input/config/, as on a cluster that is not SageMaker.
+"""
+import json
+import os
+import subprocess
+
+from jobs import TRAIN
+
+SCRIPT = ("import json, os\n"
+          "keys = ('SM_HOSTS', 'SM_CURRENT_HOST', 'SM_CURRENT_HOST_RANK', 'SM_HOST_COUNT')\n"
+          "print(json.dumps(dict({k: os.environ.get(k) for k in keys}, cwd=os.getcwd())))\n")
+
+
+def slurm_task(node_rank, hosts="node[9-10]", node=None, **extra):
+    names = {0: "node9", 1: "node10"}
+    env = {
+        "SLURM_JOB_ID": "41", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": hosts,
+        "SLURM_STEP_NODELIST": hosts, "SLURM_NODELIST": hosts, "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_NNODES": "2", "SLURM_STEP_NUM_NODES": "2", "SLURM_NODEID": str(node_rank),
+        "SLURMD_NODENAME": node or names[node_rank], "SLURM_PROCID": str(node_rank),
+        "SLURM_LOCALID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_TASKS_PER_NODE": "1(x2)", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+    }
+    env.update(extra)
+    return env
+
+
+def run_train(tmp_path, variables, argv=("--", "python3", "t.py")):
+    work = tmp_path / "work"  # the job's directory (srun's cwd), holding t.py
+    work.mkdir(exist_ok=True)
+    (work / "t.py").write_text(SCRIPT)
+    base = tmp_path / "ml"  # the per-host job tree: no input/config/ at all, but
+    (base / "code").mkdir(parents=True, exist_ok=True)  # the image's /opt/ml/code
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "PET_", "AWS_BATCH_", "SM_", "TRAINING_TOOLKIT_"))}
+    env.update(variables, SAGEMAKER_BASE_DIR=str(base))
+    r = subprocess.run([TRAIN, *argv], cwd=work, env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=120)
+    return r, base
+
+
+def test_slurm_task_runs_the_command_where_srun_started_it(tmp_path):
+    # Today's bug: the command ran in /opt/ml/code and exited 2 ("can't open file").
+    r, _ = run_train(tmp_path, slurm_task(1))
+    assert r.returncode == 0, r.stderr.decode()
+    seen = json.loads(r.stdout.decode().splitlines()[-1])
+    assert seen["cwd"] == str(tmp_path / "work")
+
+
+def test_slurm_hosts_are_in_rank_order_and_the_rank_is_slurms(tmp_path):
+    # node9 is Slurm's node 0; sorted, node10 would come first.
+    r, base = run_train(tmp_path, slurm_task(1))
+    assert r.returncode == 0, r.stderr.decode()
+    seen = json.loads(r.stdout.decode().splitlines()[-1])
+    assert json.loads(seen["SM_HOSTS"]) == ["node9", "node10"]
+    assert seen["SM_CURRENT_HOST"] == "node10"
+    assert seen["SM_CURRENT_HOST_RANK"] == "1"
+    assert seen["SM_HOST_COUNT"] == "2"
+    status = json.loads((base / "output" / "status.json").read_text())
+    assert status["host"] == "node10" and status["exit_code"] == 0
+
+
+def test_env_shows_the_slurm_placement(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (tmp_path / "ml").mkdir()  # an empty job tree: the place status files go
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SM_"))}
+    env.update(slurm_task(0), SAGEMAKER_BASE_DIR=str(tmp_path / "ml"))
+    out = subprocess.run(["training-toolkit", "env", "--json"], cwd=work, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+    assert out.returncode == 0, out.stderr.decode()
+    exported = json.loads(out.stdout)
+    assert json.loads(exported["SM_HOSTS"]) == ["node9", "node10"]
+    assert exported["SM_CURRENT_HOST"] == "node9" and exported["SM_CURRENT_HOST_RANK"] == "0"
+
+
+def test_a_host_outside_the_nodelist_is_78_naming_the_variable(tmp_path):
+    r, base = run_train(tmp_path, slurm_task(0, node="node3"))
+    assert r.returncode == 78, r.stderr.decode()
+    failure = (base / "output" / "failure").read_text()
+    assert "SLURM" in failure.splitlines()[0] and "node3" in failure
+
+
+def test_two_orchestrators_at_once_are_78_naming_both(tmp_path):
+    r, base = run_train(tmp_path, slurm_task(0, AWS_BATCH_JOB_NODE_INDEX="0",
+                                             AWS_BATCH_JOB_NUM_NODES="2"))
+    assert r.returncode == 78, r.stderr.decode()
+    headline = (base / "output" / "failure").read_text().splitlines()[0]
+    assert "SLURM_JOB_ID" in headline and "AWS_BATCH_JOB_NODE_INDEX" in headline
+
+
+def test_sagemaker_wins_when_its_config_is_there(tmp_path):
+    # Slurm's variables around a SageMaker job tree (HyperPod nodes, say):
+    # resourceconfig.json places the host, in SageMaker's sorted order.
+    config = tmp_path / "ml" / "input" / "config"
+    config.mkdir(parents=True)
+    (config / "resourceconfig.json").write_text(json.dumps(
+        {"current_host": "algo-1", "hosts": ["algo-1"]}))
+    (tmp_path / "ml" / "code").mkdir()
+    (tmp_path / "ml" / "code" / "t.py").write_text(SCRIPT)  # run from the code dir there
+    r, _ = run_train(tmp_path, slurm_task(1))
+    assert r.returncode == 0, r.stderr.decode()
+    seen = json.loads(r.stdout.decode().splitlines()[-1])
+    assert json.loads(seen["SM_HOSTS"]) == ["algo-1"] and seen["SM_CURRENT_HOST"] == "algo-1"
+
+
+def test_kubeflow_many_nodes_without_a_roster_is_78_saying_so(tmp_path):
+    # Not built yet: a PyTorchJob names no hosts, and the roster the workers
+    # would report to the master is issue 21's next slice. Refused, not run alone.
+    r, base = run_train(tmp_path, {"PET_NNODES": "2", "PET_NODE_RANK": "1",
+                                   "PET_NPROC_PER_NODE": "1", "MASTER_ADDR": "job-master-0",
+                                   "MASTER_PORT": "23456", "RANK": "1", "WORLD_SIZE": "2"})
+    assert r.returncode == 78, r.stderr.decode()
+    assert "roster" in (base / "output" / "failure").read_text()
