@@ -118,3 +118,21 @@ def test_kubeflow_many_nodes_without_a_roster_is_78_saying_so(tmp_path):
                                    "MASTER_PORT": "23456", "RANK": "1", "WORLD_SIZE": "2"})
     assert r.returncode == 78, r.stderr.decode()
     assert "roster" in (base / "output" / "failure").read_text()
+
+
+def test_mounted_channels_become_sm_channel_variables(tmp_path):
+    data = tmp_path / "data" / "train"
+    data.mkdir(parents=True)
+    r, _ = run_train(tmp_path, slurm_task(0, TRAINING_TOOLKIT_CHANNELS="train=%s, eval=/mnt/eval"
+                                          % data),
+                     argv=("--", "sh", "-c", 'echo "$SM_CHANNELS|$SM_CHANNEL_TRAIN|'
+                                             '$SM_CHANNEL_EVAL"'))
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stdout.decode().splitlines()[-1] == '["eval","train"]|%s|/mnt/eval' % data
+
+
+def test_a_bad_channel_list_is_78_naming_the_variable(tmp_path):
+    r, base = run_train(tmp_path, slurm_task(0, TRAINING_TOOLKIT_CHANNELS="train=data/train"))
+    assert r.returncode == 78, r.stderr.decode()
+    headline = (base / "output" / "failure").read_text().splitlines()[0]
+    assert "TRAINING_TOOLKIT_CHANNELS" in headline and "data/train" in headline

@@ -84,6 +84,22 @@ def check_hosts(resource_config, path, in_rank_order=False):
     return hosts
 
 
+def check_mounted_channels(value):
+    """TRAINING_TOOLKIT_CHANNELS (`train=/data/train,eval=/data/eval`): each
+    channel's mounted directory, by name; {} when unset."""
+    mounted = {}
+    for item in (value or "").split(","):
+        if not item.strip():
+            continue
+        name, sep, directory = (part.strip() for part in item.partition("="))
+        require(sep and name and os.path.isabs(directory),
+                "%r is not NAME=/absolute/dir" % item.strip(), None, params.CHANNELS_ENV)
+        check_text(name, None, params.CHANNELS_ENV, variable_name=True)
+        require(name not in mounted, "names channel %r twice" % name, None, params.CHANNELS_ENV)
+        mounted[name] = directory
+    return mounted
+
+
 def check_channels(input_data_config, path):
     """Each channel becomes SM_CHANNEL_<NAME>: a usable variable name."""
     require(isinstance(input_data_config, dict), "must be a JSON object", path, None)

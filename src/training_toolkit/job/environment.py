@@ -294,8 +294,12 @@ def _read(paths, environ, resource_config, input_data_config, hyperparameters, d
     check_text(instance_type, rc_file, "current_instance_type")
     check_text(interface, rc_file, "network_interface_name")
 
+    mounted = {}
     if input_data_config is None:
-        input_data_config = read_json(idc_file, {})
+        input_data_config = read_json(idc_file, None)
+        if input_data_config is None:  # no SageMaker channels: mounted dirs, if named
+            mounted = checks.check_mounted_channels(environ.get(params.CHANNELS_ENV))
+            input_data_config = {name: {} for name in mounted}
     checks.check_channels(input_data_config, idc_file)
 
     if hyperparameters is None:
@@ -353,7 +357,8 @@ def _read(paths, environ, resource_config, input_data_config, hyperparameters, d
     if environ.get(params.S3_ENDPOINT_ENV):
         checks.check_endpoint_url(environ[params.S3_ENDPOINT_ENV])
     mp_parameters = user_hps.get("mp_parameters") or environ.get("SM_HP_MP_PARAMETERS")
-    channel_dirs = {name: paths.channel_dir(name) for name in input_data_config}
+    channel_dirs = {name: mounted.get(name) or paths.channel_dir(name)
+                    for name in input_data_config}
 
     # The configured interface if this host has it (one stat), else the one
     # that routes to the master (SDK v3 local mode names "ethwe"): network.py.
