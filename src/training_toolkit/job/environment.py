@@ -446,6 +446,7 @@ def _launch_as_orchestrated(placement, job, framework_params):
         job["runner"] = "Process"
     elif job["runner"] == "Process" and not job["distributes"]:
         job["runner"] = _ORCHESTRATED_RUNNERS[placement.default_runner]
+        job["distributes"] = job["runner"] != "Process"  # over every host of the placement
     if placement.processes_per_host:
         framework_params.setdefault(params.MPI_PROCESSES_PER_HOST, placement.processes_per_host)
 

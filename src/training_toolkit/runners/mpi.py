@@ -174,6 +174,10 @@ def mpirun_argv(env, settings, program):
                                               for h in settings.hosts)]
         network = ["-mca", "btl_tcp_if_include", iface, "-mca", "oob_tcp_if_include", iface]
     argv += ["-np", str(settings.total), "--allow-run-as-root", "--tag-output"] + network
+    if env.orchestrator == "slurm":
+        # Inside a Slurm step, mpirun would launch its daemons with srun, a
+        # step inside the step that never starts: over SSH, as on SageMaker.
+        argv += ["-mca", "plm", "rsh", "-mca", "ras", "^slurm"]
     argv += settings.tree_spawn_options() + list(MPI_OPTIONS)
     # mpirun's ssh trusts only the keys the readiness check recorded for the
     # job's hosts. In a tree spawn, workers log in to workers whose keys they

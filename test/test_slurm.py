@@ -1,0 +1,496 @@
+"""Real Slurm on the simulated hosts (training_toolkit.rehearsal.slurm):
+Debian's slurm-wlm 22.05 (slurmctld, one slurmd per host, munge) across two
+SimCluster hosts, and what srun does there before the toolkit's Slurm
+adapter takes part: node names, the task environment (recorded in
+fixtures/slurm/srun-N2-n2.env for the adapters' unit tests), the exit code,
+``-K1`` and ``scancel``; and `train` under srun (issue 21).
+
+Needs root and the packages slurmctld, slurmd, slurm-client and munge;
+skipped otherwise, and failed instead with TRAINING_TOOLKIT_REQUIRE_SLURM=1.
+Set TT_REGEN_SLURM_FIXTURES=1 to record the env fixture again.
+
+What differs from a production cluster:
+
+* every node is a network, UTS and mount namespace of one machine, not a
+  machine: no PID namespace, so a task's PID is a PID of this machine, and
+  every node shares the machine's CPUs, memory, filesystem and clock.
+  ``CPUs=2`` per node is claimed, not counted (``SlurmdParameters=
+  config_overrides``); there is no RealMemory, no GRES and no GPU;
+* ``ProctrackType=proctrack/linuxproc`` (a step's processes are found by
+  parent PID; a process that daemonizes escapes it) and ``TaskPlugin=
+  task/none`` (no binding, no cgroup limits), where production uses
+  proctrack/cgroup and task/cgroup,task/affinity. The cgroup v1 trees are
+  mounted in each node only because slurmd 22.05 initialises its cgroup
+  plugin anyway;
+* no accounting (slurmdbd), no job completion log, no prolog or epilog, no
+  PAM, no pyxis/enroot, ``MpiDefault=none`` (no PMI or PMIx);
+* one munged with a key of its own serves every node through one socket
+  (production runs a munged per node with the same key);
+* slurmctld runs in the simulated network's bridge namespace, everything
+  runs as root (``SlurmUser=root``), jobs run as root;
+* ``KillWait=5`` (production default 30): slurmd never waits less than 5 s
+  between a job's SIGTERM and its SIGKILL (``MAX(KillWait, 5)`` in its
+  ``_rpc_terminate_job``), and srun waits ``KillWait + 2`` s for the step
+  after a cancel, so a shorter KillWait would only make srun give up first;
+* the shared filesystem is the machine's own: a path outside each node's
+  private ``/tmp`` (or one of SimCluster's shared paths) is the same on all
+  nodes. Each node's ``/opt/ml`` is its own, and holds an empty ``code/``
+  directory, as in the images of docker/.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from training_toolkit.rehearsal.namespaces import alive
+from training_toolkit.rehearsal.simcluster import SimCluster
+from training_toolkit.rehearsal.slurm import (REQUIRE_ENV, SlurmCluster, SlurmError,
+                                              SlurmUnavailable, check_supported,
+                                              format_env_fixture, read_env_fixture)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ENV_FIXTURE = os.path.join(HERE, "fixtures", "slurm", "srun-N2-n2.env")
+TRAIN = os.path.join(os.path.dirname(sys.executable), "train")
+KILL_WAIT = 5
+HOSTS = ["algo-1", "algo-2"]
+
+# Task variables whose values are the same on every run of
+# `srun -N2 --ntasks-per-node=2` here (the rest hold job ids, ports, pids,
+# addresses, paths and the cluster's random name).
+STABLE_VARS = ("SLURMD_NODENAME", "SLURM_CPUS_ON_NODE", "SLURM_GTIDS",
+               "SLURM_JOB_CPUS_PER_NODE", "SLURM_JOB_NODELIST", "SLURM_JOB_NUM_NODES",
+               "SLURM_JOB_PARTITION", "SLURM_LOCALID", "SLURM_NNODES", "SLURM_NODEID",
+               "SLURM_NODELIST", "SLURM_NPROCS", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE",
+               "SLURM_PROCID", "SLURM_STEPID", "SLURM_STEP_ID", "SLURM_STEP_NODELIST",
+               "SLURM_STEP_NUM_NODES", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE",
+               "SLURM_SUBMIT_HOST", "SLURM_TASKS_PER_NODE", "SLURM_TOPOLOGY_ADDR")
+
+# A task that says when signals reach it (SIGTERM and SIGCONT are caught and
+# ignored, so only SIGKILL ends it), after writing "PID JOBID" to pid.PROCID.
+SIGNAL_TASK = textwrap.dedent("""\
+    import os, signal, sys, time
+    d, rank = sys.argv[1], os.environ["SLURM_PROCID"]
+    def note(sig, frame):
+        with open(os.path.join(d, "signals.%s" % rank), "a") as f:
+            f.write("%d %r\\n" % (sig, time.time()))
+    signal.signal(signal.SIGTERM, note)
+    signal.signal(signal.SIGCONT, note)
+    with open(os.path.join(d, "pid.%s.tmp" % rank), "w") as f:
+        f.write("%d %s\\n" % (os.getpid(), os.environ["SLURM_JOB_ID"]))
+    os.rename(os.path.join(d, "pid.%s.tmp" % rank), os.path.join(d, "pid.%s" % rank))
+    while True:
+        time.sleep(0.02)
+""")
+
+
+def _unavailable(reason):
+    if os.environ.get(REQUIRE_ENV) == "1":
+        pytest.fail("%s, and %s=1" % (reason, REQUIRE_ENV))
+    pytest.skip(reason)
+
+
+def _check_machine():
+    if not sys.platform.startswith("linux"):
+        _unavailable("Slurm on simulated hosts needs Linux")
+    if os.geteuid() != 0:
+        _unavailable("Slurm on simulated hosts needs root")
+    try:
+        check_supported()
+    except SlurmUnavailable as exc:
+        _unavailable(str(exc))
+
+
+def _leftovers(cluster, holder_pids):
+    """What a closed SlurmCluster must not have left: its directory, a
+    process naming it, a cgroup tree mounted in a host."""
+    found = []
+    if cluster.dir and os.path.exists(cluster.dir):
+        found.append("directory %s" % cluster.dir)
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % name, "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if cluster.dir and cluster.dir in cmd and alive(int(name)):
+            found.append("process %s: %s" % (name, cmd[:120]))
+    for host, pid in holder_pids.items():
+        with open("/proc/%d/mountinfo" % pid) as f:
+            if any(" /sys/fs/cgroup" in line.split(" - ")[0] for line in f):
+                found.append("%s: /sys/fs/cgroup mounted" % host)
+    return found
+
+
+def _job_roots(tmp_path_factory, n):
+    roots = []
+    for k in range(1, n + 1):
+        root = tmp_path_factory.mktemp("slurm-jobroot-algo-%d" % k)
+        (root / "code").mkdir()  # as in the images: what `train` ran in
+        roots.append(str(root))
+    return roots
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    _check_machine()
+    shared = tmp_path_factory.mktemp("slurm-shared")
+    with SimCluster(2, _job_roots(tmp_path_factory, 2), shared_paths=[str(shared)]) as sim:
+        holders = {h: sim.holder_pid(h) for h in sim.hosts}
+        cluster = SlurmCluster(sim, kill_wait_s=KILL_WAIT)
+        with cluster:
+            cluster.shared = str(shared)
+            yield cluster
+        assert _leftovers(cluster, holders) == []
+        assert cluster.step_pids() == []
+
+
+def _workdir(slurm, name):
+    d = os.path.join(slurm.shared, name)
+    os.mkdir(d)
+    return d
+
+
+def _wait_file(path, proc, timeout_s=20):
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        if proc.poll() is not None:
+            raise AssertionError("srun ended (code %s) before %s appeared: %s"
+                                 % (proc.returncode, path, proc.communicate()))
+        if time.monotonic() > deadline:
+            raise AssertionError("%s not written within %d s" % (path, timeout_s))
+        time.sleep(0.02)
+
+
+def _wait_gone(pid, timeout_s):
+    deadline = time.monotonic() + timeout_s
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _signals(path):
+    """[(signal number, time.time())] a SIGNAL_TASK noted."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [(int(line.split()[0]), float(line.split()[1])) for line in f if line.strip()]
+
+
+# -- the cluster ----------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_every_node_idle_and_srun_runs_on_both_hosts(slurm):
+    print("Slurm cluster started in %.3f s" % slurm.start_seconds)
+    assert slurm.node_states() == {"algo-1": "idle", "algo-2": "idle"}
+    proc = slurm.srun(["-N2", "hostname"])
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.split()) == HOSTS
+
+
+@pytest.mark.timeout(120)
+def test_sbatch_squeue_and_scontrol(slurm):
+    d = _workdir(slurm, "sbatch")
+    proc = slurm.sbatch(["--parsable", "-N2", "--output=%s/out.%%j" % d,
+                         "--wrap", "srun hostname"], cwd=d)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip().split(";")[0]
+    # (sbatch --wait polls the controller every few seconds: 10 s here)
+    deadline = time.monotonic() + 30
+    while "JobState=COMPLETED" not in slurm.scontrol(["show", "job", job_id]).stdout:
+        assert time.monotonic() < deadline, slurm.scontrol(["show", "job", job_id]).stdout
+        time.sleep(0.1)
+    with open(os.path.join(d, "out.%s" % job_id)) as f:
+        assert sorted(f.read().split()) == HOSTS
+    show = slurm.scontrol(["show", "job", job_id])
+    assert show.returncode == 0, show.stderr
+    assert "JobState=COMPLETED" in show.stdout and "ExitCode=0:0" in show.stdout, show.stdout
+    queue = slurm.squeue(["-h", "-t", "all", "-j", job_id, "-o", "%i %T"])
+    assert queue.stdout.split() == [job_id, "COMPLETED"], queue.stdout
+
+
+# -- what srun gives each task ----------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_task_environment_of_two_tasks_per_node(slurm):
+    d = _workdir(slurm, "env")
+    proc = slurm.srun(["-N2", "--ntasks-per-node=2", "sh", "-c",
+                       'exec env > "$0/env.$SLURM_PROCID"', d], cwd=d)
+    assert proc.returncode == 0, proc.stderr
+    tasks = {}
+    for procid in range(4):
+        with open(os.path.join(d, "env.%d" % procid)) as f:
+            env = dict(line.rstrip("\n").split("=", 1) for line in f if "=" in line)
+        got = {k: v for k, v in env.items() if k.startswith(("SLURM", "SRUN_"))}
+        tasks[(got["SLURMD_NODENAME"], procid)] = got
+    # two tasks per node, in node order, numbered node by node
+    assert sorted(tasks) == [("algo-1", 0), ("algo-1", 1), ("algo-2", 2), ("algo-2", 3)]
+    for (host, procid), env in tasks.items():
+        assert env["SLURM_PROCID"] == str(procid)
+        assert env["SLURM_NODEID"] == str(HOSTS.index(host))
+        assert env["SLURM_LOCALID"] == str(procid % 2)
+        assert env["SLURM_NODELIST"] == env["SLURM_JOB_NODELIST"] == "algo-[1-2]"
+        assert env["SLURM_NTASKS"] == "4" and env["SLURM_NNODES"] == "2"
+        assert env["SLURM_JOB_ID"].isdigit() and env["SLURM_JOB_ID"] == env["SLURM_JOBID"]
+        assert env["SLURM_CONF"] == slurm.conf_path
+    assert len({env["SLURM_JOB_ID"] for env in tasks.values()}) == 1
+
+    if os.environ.get("TT_REGEN_SLURM_FIXTURES") == "1" or not os.path.exists(ENV_FIXTURE):
+        version = slurm.srun(["--version"]).stdout.strip()
+        header = [
+            "The SLURM*/SRUN_* variables each task of `srun -N2 --ntasks-per-node=2 env`",
+            "had (%s, Debian), run from algo-1 on two simulated hosts" % version,
+            "(test/test_slurm.py, training_toolkit.rehearsal.slurm; regenerate with",
+            "TT_REGEN_SLURM_FIXTURES=1). One section per task: [node procid].",
+            "Differ per run: the job id, ports, pids, addresses, paths and the",
+            "cluster name (SLURM_CLUSTER_NAME, in SLURM_WORKING_CLUSTER too).",
+            "SLURM_CONF is the harness's own; srun passes it on like any variable.",
+            "Read with training_toolkit.rehearsal.slurm.read_env_fixture.",
+        ]
+        os.makedirs(os.path.dirname(ENV_FIXTURE), exist_ok=True)
+        with open(ENV_FIXTURE, "w") as f:
+            f.write(format_env_fixture(tasks, header))
+    recorded = read_env_fixture(ENV_FIXTURE)
+    assert sorted(recorded) == sorted(tasks)
+    for key, env in tasks.items():
+        assert sorted(recorded[key]) == sorted(env), key
+        for var in STABLE_VARS:
+            assert recorded[key][var] == env[var], (key, var)
+
+
+def test_env_fixture_round_trip(tmp_path):
+    tasks = {("algo-2", 1): {"SLURM_PROCID": "1", "SLURM_X": "a=b"},
+             ("algo-1", 0): {"SLURM_PROCID": "0"}}
+    path = tmp_path / "x.env"
+    path.write_text(format_env_fixture(tasks, ["a header"]))
+    assert read_env_fixture(str(path)) == tasks
+
+
+# -- exit codes, -K1, scancel ---------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_srun_exits_with_the_highest_task_exit_code(slurm):
+    proc = slurm.srun(["-N2", "sh", "-c", '[ "$SLURM_PROCID" = 0 ] && exit 3; exit 0'])
+    assert proc.returncode == 3, (proc.stdout, proc.stderr)
+    assert "algo-1: task 0: Exited with exit code 3" in proc.stderr
+    # a task ended by a signal counts as 128 + N
+    proc = slurm.srun(["-N2", "sh", "-c", '[ "$SLURM_PROCID" = 1 ] && kill -9 $$; exit 1'])
+    assert proc.returncode == 137, (proc.stdout, proc.stderr)
+    assert "algo-2: task 1: Killed" in proc.stderr
+
+
+@pytest.mark.timeout(120)
+def test_kill_on_bad_exit_ends_the_other_tasks(slurm):
+    d = _workdir(slurm, "k1")
+    task = textwrap.dedent("""\
+        import os, sys, time
+        rank = os.environ["SLURM_PROCID"]
+        with open(os.path.join(sys.argv[1], "pid.%s" % rank), "w") as f:
+            f.write("%d\\n" % os.getpid())
+        if rank == "0":
+            time.sleep(1)
+            sys.exit(3)
+        time.sleep(60)
+    """)
+    t0 = time.monotonic()
+    proc = slurm.srun(["-N2", "-K1", sys.executable, "-c", task, d], timeout=60)
+    took = time.monotonic() - t0
+    assert took < 15, took
+    with open(os.path.join(d, "pid.1")) as f:
+        assert not alive(int(f.read()))
+    assert "algo-1: task 0: Exited with exit code 3" in proc.stderr, proc.stderr
+    assert "algo-2: task 1: Terminated" in proc.stderr, proc.stderr
+    # the highest exit code: the task -K1 ended by SIGTERM, 128 + 15, over the 3
+    assert proc.returncode == 143, (proc.returncode, proc.stderr)
+
+
+def _start_signal_task(slurm, name):
+    d = _workdir(slurm, name)
+    proc = slurm.srun_popen(["-N1", "-w", "algo-2", sys.executable, "-c", SIGNAL_TASK, d],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_file(os.path.join(d, "pid.0"), proc)
+    with open(os.path.join(d, "pid.0")) as f:
+        pid, job_id = f.read().split()
+    return d, proc, int(pid), job_id
+
+
+@pytest.mark.timeout(120)
+def test_scancel_sends_sigterm_then_sigkill_after_killwait(slurm):
+    d, proc, pid, job_id = _start_signal_task(slurm, "scancel-job")
+    try:
+        t0 = time.time()
+        cancel = slurm.scancel([job_id])
+        assert cancel.returncode == 0, cancel.stderr
+        assert _wait_gone(pid, KILL_WAIT + 10), "task still alive %d s after scancel" % (
+            KILL_WAIT + 10)
+        gone = time.time()
+        out, err = proc.communicate(timeout=KILL_WAIT + 10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    signals = _signals(os.path.join(d, "signals.0"))
+    assert [s for s, _ in signals] == [18, 15], signals  # SIGCONT, then SIGTERM
+    term = signals[1][1] - t0
+    kill = gone - signals[1][1]
+    print("scancel JOB: SIGTERM %.3f s after scancel, SIGKILL %.3f s after SIGTERM "
+          "(KillWait=%d)" % (term, kill, KILL_WAIT))
+    assert term < 2, term
+    # slurmd waits KillWait seconds, polling once a second
+    assert KILL_WAIT - 1.5 <= kill <= KILL_WAIT + 1.5, kill
+    assert proc.returncode == 137, (proc.returncode, err)
+    assert "CANCELLED" in err and "algo-2: task 0: Killed" in err, err
+
+
+@pytest.mark.timeout(120)
+def test_scancel_of_one_step_kills_at_once(slurm):
+    """``scancel JOB.STEP`` (22.05) gives the step no grace: SIGKILL, no
+    SIGTERM."""
+    d, proc, pid, job_id = _start_signal_task(slurm, "scancel-step")
+    try:
+        t0 = time.time()
+        cancel = slurm.scancel([job_id + ".0"])
+        assert cancel.returncode == 0, cancel.stderr
+        assert _wait_gone(pid, 10)
+        gone = time.time() - t0
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    print("scancel JOB.STEP: task gone %.3f s after scancel" % gone)
+    assert _signals(os.path.join(d, "signals.0")) == []
+    assert gone < 2, gone
+    assert proc.returncode == 137, (proc.returncode, err)
+
+
+# -- start and close ------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_failed_start_leaves_nothing(tmp_path_factory):
+    _check_machine()
+    with SimCluster(1, _job_roots(tmp_path_factory, 1), ssh=False) as sim:
+        holders = {h: sim.holder_pid(h) for h in sim.hosts}
+        cluster = SlurmCluster(sim, extra_conf=["SelectType=select/no-such-plugin"],
+                               ready_timeout_s=20)
+        with pytest.raises(SlurmError, match="exited"):
+            cluster.start()
+        assert _leftovers(cluster, holders) == []
+        with pytest.raises(SlurmError, match="not started"):
+            cluster.srun(["hostname"])
+        cluster.close()  # idempotent
+
+
+# -- `train` under srun (issue 21) ----------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_train_command_runs_in_the_submit_dir_on_both_nodes(slurm):
+    """``srun train -- python t.py`` runs t.py where srun started, on both
+    nodes. Until ebf0bcb ("Orchestrators, first slice") `train` ran it in
+    each node's /opt/ml/code, and both exited 2: "can't open file
+    '/opt/ml/code/t.py'" (this test was then an xfail)."""
+    d = _workdir(slurm, "train-cwd")
+    with open(os.path.join(d, "t.py"), "w") as f:
+        f.write("import os, socket\n"
+                "print('t.py ran in %s on %s' % (os.getcwd(), socket.gethostname()))\n")
+    proc = slurm.srun(["-N2", "--ntasks-per-node=1", TRAIN, "--", "python", "t.py"], cwd=d,
+                      timeout=150)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
+    assert sorted(line for line in proc.stdout.splitlines() if line.startswith("t.py ran")) \
+        == ["t.py ran in %s on %s" % (d, host) for host in HOSTS], proc.stdout
+
+
+TORCH_SCRIPT = """import os, socket
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank())])
+dist.all_reduce(t)
+print("rank %d of %d on %s sum %g" % (dist.get_rank(), dist.get_world_size(),
+                                      socket.gethostname(), t.item()))
+"""
+
+
+@pytest.mark.timeout(240)
+def test_train_runs_torchrun_across_the_step_nodes(slurm):
+    """`srun -N2 --ntasks-per-node=1 train` with TRAINING_TOOLKIT_RUNNER=torchrun:
+    one torchrun per node, node rank Slurm's SLURM_NODEID, master the step's
+    first node; 2 x 2 ranks all-reduce, and both nodes exit 0."""
+    pytest.importorskip("torch")
+    d = _workdir(slurm, "train-torchrun")
+    with open(os.path.join(d, "t.py"), "w") as f:
+        f.write(TORCH_SCRIPT)
+    # A job tree of its own on each host (/opt/ml is per host), so that no
+    # other test's code is already in its code dir.
+    env = dict(os.environ, SAGEMAKER_PROGRAM="t.py", SAGEMAKER_SUBMIT_DIRECTORY=d,
+               SAGEMAKER_BASE_DIR="/opt/ml/jobs/torchrun", TRAINING_TOOLKIT_RUNNER="torchrun",
+               TRAINING_TOOLKIT_PROCESSES_PER_HOST="2")
+    proc = slurm.srun(["-N2", "--ntasks-per-node=1", TRAIN], cwd=d, env=env, timeout=200)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:])
+    ranks = sorted(line.split("]")[-1].split("<stdout>:")[-1] for line in proc.stdout.splitlines()
+                   if "sum 6" in line)
+    assert len(ranks) == 4, proc.stdout[-3000:]
+
+
+MPI_SCRIPT = """import socket
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+total = comm.allreduce(comm.Get_rank())
+print("rank %d of %d on %s sum %d" % (comm.Get_rank(), comm.Get_size(), socket.gethostname(),
+                                      total))
+"""
+
+
+@pytest.mark.timeout(240)
+def test_train_runs_mpi_across_the_step_nodes(slurm):
+    """`srun -N2 --ntasks-per-node=1 train` with TRAINING_TOOLKIT_RUNNER=mpi: the
+    master (the step's first node) runs mpirun over SSH to the other, as on
+    SageMaker; 2 x 2 ranks all-reduce, and both nodes exit 0."""
+    pytest.importorskip("mpi4py")
+    d = _workdir(slurm, "train-mpi")
+    with open(os.path.join(d, "t.py"), "w") as f:
+        f.write(MPI_SCRIPT)
+    env = dict(os.environ, SAGEMAKER_PROGRAM="t.py", SAGEMAKER_SUBMIT_DIRECTORY=d,
+               SAGEMAKER_BASE_DIR="/opt/ml/jobs/mpi", TRAINING_TOOLKIT_RUNNER="mpi",
+               TRAINING_TOOLKIT_PROCESSES_PER_HOST="2")
+    try:
+        proc = slurm.srun(["-N2", "--ntasks-per-node=1", TRAIN], cwd=d, env=env, timeout=90)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail("srun train (mpi) did not end in 90 s:\n%s\n%s"
+                    % ((e.stdout or "")[-3000:], (e.stderr or "")[-3000:]))
+    assert proc.returncode == 0, (proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:])
+    assert len([line for line in proc.stdout.splitlines() if "sum 6" in line]) == 4, \
+        proc.stdout[-3000:]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("runner", ["torchrun", "mpi"])
+def test_a_failing_rank_is_every_nodes_exit_code(slurm, runner):
+    """Rank 3 (on the second node) exits 3: `train` ends the job on both nodes,
+    each with 3, so srun (the highest task code) says 3."""
+    pytest.importorskip("torch" if runner == "torchrun" else "mpi4py")
+    d = _workdir(slurm, "train-fail-" + runner)
+    rank = "int(os.environ['RANK'])" if runner == "torchrun" else \
+        "int(os.environ['OMPI_COMM_WORLD_RANK'])"
+    with open(os.path.join(d, "t.py"), "w") as f:
+        # The others would sleep past srun's bound: only fail-fast ends them.
+        f.write("import os, sys, time\nif %s == 3:\n    sys.exit(3)\ntime.sleep(600)\n" % rank)
+    base = "/opt/ml/jobs/fail-" + runner
+    env = dict(os.environ, SAGEMAKER_PROGRAM="t.py", SAGEMAKER_SUBMIT_DIRECTORY=d,
+               SAGEMAKER_BASE_DIR=base, TRAINING_TOOLKIT_RUNNER=runner,
+               TRAINING_TOOLKIT_PROCESSES_PER_HOST="2")
+    proc = slurm.srun(["-N2", "--ntasks-per-node=1", TRAIN], cwd=d, env=env, timeout=120)
+    assert proc.returncode == 3, (proc.returncode, proc.stderr[-3000:])
+    assert "task 0: Exited with exit code 3" in proc.stderr, proc.stderr[-3000:]
+    assert "task 1: Exited with exit code 3" in proc.stderr, proc.stderr[-3000:]
