@@ -419,6 +419,7 @@ t = torch.tensor([float(dist.get_rank())])
 dist.all_reduce(t)
 print("rank %d of %d on %s sum %g" % (dist.get_rank(), dist.get_world_size(),
                                       socket.gethostname(), t.item()))
+dist.destroy_process_group()  # gloo may abort at exit otherwise (seen once under load: 134)
 """
 
 
