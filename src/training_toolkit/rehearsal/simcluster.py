@@ -40,7 +40,6 @@ import shutil
 import subprocess
 import sys
 import time
-import weakref
 
 from .. import backoff
 from . import holder, stale
@@ -64,25 +63,8 @@ SSHD = "/usr/sbin/sshd"
 
 _PREFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
 
-_live_clusters = weakref.WeakSet()
-_atexit_registered = False
 
 
-def _close_live_clusters():
-    for cluster in list(_live_clusters):
-        try:
-            cluster.close(raise_errors=False)
-        except Exception:  # noqa: BLE001 - best effort at exit
-            pass
-
-
-def _register_atexit():
-    global _atexit_registered
-    if not _atexit_registered:
-        import atexit
-
-        atexit.register(_close_live_clusters)
-        _atexit_registered = True
 
 
 def _own_install():
@@ -234,8 +216,7 @@ class SimCluster:
         self._nsenter = shutil.which("nsenter")
         t0 = time.monotonic()
         self._dirty = True
-        _live_clusters.add(self)
-        _register_atexit()
+        stale.close_at_exit(self)
         try:
             self._start()
         except BaseException:
@@ -361,7 +342,7 @@ class SimCluster:
                 stale.release_lock(self.prefix, self._lock_fd)
                 self._lock_fd = None
             self._dirty = False
-            _live_clusters.discard(self)
+            stale.closed(self)
         log.debug("simcluster %s: closed in %.3f s", self.prefix, time.monotonic() - t0)
         if leftovers:
             msg = "simulated cluster %s: could not remove: %s" % (self.prefix,

@@ -41,9 +41,9 @@ import shutil
 import signal
 import subprocess
 import time
-import weakref
 
 from .. import backoff
+from . import stale
 from .namespaces import NETNS_RUN_DIR, NS_KINDS, SimClusterError, SimClusterUnavailable
 from .namespaces import alive, check_supported as _check_namespaces, ns_id, rmtree
 
@@ -84,8 +84,6 @@ mount -t cgroup -o none,name=systemd cgroup "$root/systemd"
 echo mounted
 """
 
-_live = weakref.WeakSet()
-_atexit_registered = False
 
 
 class SlurmError(SimClusterError):
@@ -133,21 +131,6 @@ def cleanup_stale():
     return removed
 
 
-def _close_live():
-    for cluster in list(_live):
-        try:
-            cluster.close(raise_errors=False)
-        except Exception:  # noqa: BLE001 - best effort at exit
-            pass
-
-
-def _register_atexit():
-    global _atexit_registered
-    if not _atexit_registered:
-        import atexit
-
-        atexit.register(_close_live)
-        _atexit_registered = True
 
 
 def _tail(path, lines=20):
@@ -294,8 +277,7 @@ class SlurmCluster:
         check_supported()
         t0 = time.monotonic()
         self._dirty = True
-        _live.add(self)
-        _register_atexit()
+        stale.close_at_exit(self)
         try:
             self._start()
         except BaseException:
@@ -460,7 +442,7 @@ class SlurmCluster:
         self._closed = True
         if not leftovers:
             self._dirty = False
-            _live.discard(self)
+            stale.closed(self)
         if leftovers:
             msg = "Slurm cluster %s: could not remove: %s" % (self.cluster_name,
                                                              "; ".join(leftovers))

@@ -7,6 +7,7 @@ import fcntl
 import logging
 import os
 import re
+import weakref
 
 from .namespaces import NETNS_ETC_DIR, SimClusterError, check_supported, list_netns, rmtree
 from .namespaces import teardown_names
@@ -162,3 +163,31 @@ def cleanup_stale(prefix_pattern=DEFAULT_PREFIX_PATTERN):
         if teardown(prefix):
             cleaned.append(prefix)
     return cleaned
+
+
+# Clusters still open: closed when the interpreter exits (a test that forgot
+# one, or an exception past its `with`), so that no daemon or namespace stays.
+_open = weakref.WeakSet()
+_atexit_registered = False
+
+
+def close_at_exit(cluster):
+    global _atexit_registered
+    _open.add(cluster)
+    if not _atexit_registered:
+        import atexit
+
+        atexit.register(_close_open)
+        _atexit_registered = True
+
+
+def closed(cluster):
+    _open.discard(cluster)
+
+
+def _close_open():
+    for cluster in list(_open):
+        try:
+            cluster.close(raise_errors=False)
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
