@@ -495,3 +495,23 @@ def test_a_failing_rank_is_every_nodes_exit_code(slurm, runner):
     assert proc.returncode == 3, (proc.returncode, proc.stderr[-3000:])
     assert "task 0: Exited with exit code 3" in proc.stderr, proc.stderr[-3000:]
     assert "task 1: Exited with exit code 3" in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.timeout(240)
+def test_task_per_rank_each_task_is_one_rank(slurm):
+    """`srun -N2 --ntasks-per-node=2 train -- python t.py`: Slurm starts every
+    rank, so `train` starts no second launcher; each task runs t.py once with
+    RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT of its own task,
+    and the 4 ranks all-reduce over torch.distributed's env://."""
+    pytest.importorskip("torch")
+    d = _workdir(slurm, "train-task-per-rank")
+    with open(os.path.join(d, "t.py"), "w") as f:
+        f.write(TORCH_SCRIPT.replace('print("rank', 'print("local %s rank" % os.environ['
+                                     '"LOCAL_RANK"], "rank'))
+    env = dict(os.environ, SAGEMAKER_BASE_DIR="/opt/ml/jobs/task-per-rank")
+    proc = slurm.srun(["-N2", "--ntasks-per-node=2", TRAIN, "--", "python", "t.py"], cwd=d,
+                      env=env, timeout=200)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:])
+    lines = sorted(line for line in proc.stdout.splitlines() if "sum 6" in line)
+    assert len(lines) == 4, proc.stdout[-3000:]
+    assert sorted(line.split()[1] for line in lines) == ["0", "0", "1", "1"]  # LOCAL_RANK

@@ -444,6 +444,12 @@ _ORCHESTRATED_RUNNERS = {"process": "Process", "torchrun": "TorchDistributed", "
 def _launch_as_orchestrated(placement, job, framework_params):
     if placement.task_per_rank:  # Slurm started every rank: no second launcher
         job["runner"] = "Process"
+        # Each task is one rank: what torch.distributed's env:// reads, for
+        # every rank alike (an enroot hook's per-task values are overwritten).
+        job["extra_exports"] = dict(
+            job["extra_exports"], RANK=str(placement.rank), LOCAL_RANK=str(placement.local_rank),
+            WORLD_SIZE=str(placement.world_size), MASTER_ADDR=placement.master_addr,
+            MASTER_PORT=str(placement.master_port))
     elif job["runner"] == "Process" and not job["distributes"]:
         job["runner"] = _ORCHESTRATED_RUNNERS[placement.default_runner]
         job["distributes"] = job["runner"] != "Process"  # over every host of the placement
