@@ -439,6 +439,8 @@ def test_train_runs_torchrun_across_the_step_nodes(slurm):
                TRAINING_TOOLKIT_PROCESSES_PER_HOST="2")
     proc = slurm.srun(["-N2", "--ntasks-per-node=1", TRAIN], cwd=d, env=env, timeout=200)
     assert proc.returncode == 0, (proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:])
+    # No TRAINING_TOOLKIT_JOB_SECRET: the master says its key is a public default, once.
+    assert proc.stderr.count("the key is a public default") == 1, proc.stderr[-3000:]
     ranks = sorted(line.split("]")[-1].split("<stdout>:")[-1] for line in proc.stdout.splitlines()
                    if "sum 6" in line)
     assert len(ranks) == 4, proc.stdout[-3000:]

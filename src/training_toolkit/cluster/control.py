@@ -32,6 +32,7 @@ MasterControl is.
 A 1-host job listens on loopback only; the master of a multi-host job on all
 interfaces, at TRAINING_TOOLKIT_CONTROL_PORT (default 7780).
 """
+import os
 import socket
 import threading
 import time
@@ -347,3 +348,16 @@ class WorkerLink:
 
     def close(self):
         self.stream.close()
+
+
+def job_key_for(env, environ=None):
+    """The control key of `env`'s job. Outside SageMaker there are no config
+    files to derive it from: without TRAINING_TOOLKIT_JOB_SECRET anyone who
+    knows the toolkit can derive it too, which is said once, on the master."""
+    environ = os.environ if environ is None else environ
+    if env.orchestrator and not environ.get(JOB_SECRET_ENV) and env.is_master:
+        log.warning("%s gives no config to derive the control channel's key from, and %s is "
+                    "unset: the key is a public default, so anyone on the job's network could "
+                    "pose as a host; give every host the same secret in %s "
+                    "(docs/orchestrators.md)" % (env.orchestrator, JOB_SECRET_ENV, JOB_SECRET_ENV))
+    return job_key(env.paths.input_config_dir, environ)

@@ -19,7 +19,7 @@ import threading
 import time
 
 from .. import backoff, log, params, proctree
-from ..cluster import control, ssh, wire
+from ..cluster import control, ssh
 from ..cluster import rank as rank_wrapper
 from ..cluster.coordination import JobMaster, JobWorker
 from ..cluster.verdict import Failure
@@ -244,7 +244,7 @@ class MpiJob:
         _write_private(env_file(self.env), json.dumps(spec))
 
     def _control_key(self):
-        return wire.job_key(self.env.paths.input_config_dir)
+        return control.job_key_for(self.env)
 
     # -- master --------------------------------------------------------------
     def run_master(self, command):

@@ -19,7 +19,7 @@ import socket
 import time
 
 from .. import log, params
-from ..cluster import control, ssh, wire
+from ..cluster import control, ssh
 from ..cluster import rank as rank_wrapper
 from ..cluster.coordination import JobMaster, JobWorker
 from ..errors import ConfigError, MissingProgramError
@@ -123,7 +123,7 @@ def run(launch, supervisor, env, reporter):
         if launch.role == "master":
             check_port_free(settings.port, env)
         coordinator = JobMaster(settings.control_port, workers, local,
-                                wire.job_key(env.paths.input_config_dir), reporter)
+                                control.job_key_for(env), reporter)
         launch.command.env[rank_wrapper.CONTROL_ENV] = coordinator.report_address()
         try:
             if settings.max_restarts == 0:
@@ -143,7 +143,7 @@ def run(launch, supervisor, env, reporter):
     log.info("worker %s: waiting for the master %s" % (env.current_host, settings.master))
     worker = JobWorker(settings.master, settings.control_port, env.current_host, deadline,
                        local, supervisor.grace_seconds,
-                       wire.job_key(env.paths.input_config_dir), reporter)
+                       control.job_key_for(env), reporter)
     supervisor.on_terminate = lambda sig: local(sig, supervisor.grace_seconds)
     try:
         outcome = run_command(supervisor, launch.command)
