@@ -411,6 +411,26 @@ def test_train_command_runs_in_the_submit_dir_on_both_nodes(slurm):
         == ["t.py ran in %s on %s" % (d, host) for host in HOSTS], proc.stdout
 
 
+def _srun_train(slurm, name, runner, script, timeout=120):
+    """`srun -N2 --ntasks-per-node=1 train` on `script` (t.py, the entry point)
+    with TRAINING_TOOLKIT_RUNNER=`runner` and 2 processes per node, each host
+    with a job tree of its own (/opt/ml is per host), so that no other test's
+    code is already in its code dir. A run past `timeout` fails the test with
+    what it printed."""
+    d = _workdir(slurm, "train-" + name)
+    with open(os.path.join(d, "t.py"), "w") as f:
+        f.write(script)
+    env = dict(os.environ, SAGEMAKER_PROGRAM="t.py", SAGEMAKER_SUBMIT_DIRECTORY=d,
+               SAGEMAKER_BASE_DIR="/opt/ml/jobs/" + name, TRAINING_TOOLKIT_RUNNER=runner,
+               TRAINING_TOOLKIT_PROCESSES_PER_HOST="2")
+    try:
+        return slurm.srun(["-N2", "--ntasks-per-node=1", TRAIN], cwd=d, env=env,
+                          timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail("srun train (%s) did not end in %d s:\n%s\n%s"
+                    % (runner, timeout, (e.stdout or "")[-3000:], (e.stderr or "")[-3000:]))
+
+
 TORCH_SCRIPT = """import os, socket
 import torch
 import torch.distributed as dist
@@ -429,15 +449,7 @@ def test_train_runs_torchrun_across_the_step_nodes(slurm):
     one torchrun per node, node rank Slurm's SLURM_NODEID, master the step's
     first node; 2 x 2 ranks all-reduce, and both nodes exit 0."""
     pytest.importorskip("torch")
-    d = _workdir(slurm, "train-torchrun")
-    with open(os.path.join(d, "t.py"), "w") as f:
-        f.write(TORCH_SCRIPT)
-    # A job tree of its own on each host (/opt/ml is per host), so that no
-    # other test's code is already in its code dir.
-    env = dict(os.environ, SAGEMAKER_PROGRAM="t.py", SAGEMAKER_SUBMIT_DIRECTORY=d,
-               SAGEMAKER_BASE_DIR="/opt/ml/jobs/torchrun", TRAINING_TOOLKIT_RUNNER="torchrun",
-               TRAINING_TOOLKIT_PROCESSES_PER_HOST="2")
-    proc = slurm.srun(["-N2", "--ntasks-per-node=1", TRAIN], cwd=d, env=env, timeout=200)
+    proc = _srun_train(slurm, "torchrun", "torchrun", TORCH_SCRIPT)
     assert proc.returncode == 0, (proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:])
     # No TRAINING_TOOLKIT_JOB_SECRET: the master says its key is a public default, once.
     assert proc.stderr.count("the key is a public default") == 1, proc.stderr[-3000:]
@@ -461,17 +473,7 @@ def test_train_runs_mpi_across_the_step_nodes(slurm):
     master (the step's first node) runs mpirun over SSH to the other, as on
     SageMaker; 2 x 2 ranks all-reduce, and both nodes exit 0."""
     pytest.importorskip("mpi4py")
-    d = _workdir(slurm, "train-mpi")
-    with open(os.path.join(d, "t.py"), "w") as f:
-        f.write(MPI_SCRIPT)
-    env = dict(os.environ, SAGEMAKER_PROGRAM="t.py", SAGEMAKER_SUBMIT_DIRECTORY=d,
-               SAGEMAKER_BASE_DIR="/opt/ml/jobs/mpi", TRAINING_TOOLKIT_RUNNER="mpi",
-               TRAINING_TOOLKIT_PROCESSES_PER_HOST="2")
-    try:
-        proc = slurm.srun(["-N2", "--ntasks-per-node=1", TRAIN], cwd=d, env=env, timeout=90)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail("srun train (mpi) did not end in 90 s:\n%s\n%s"
-                    % ((e.stdout or "")[-3000:], (e.stderr or "")[-3000:]))
+    proc = _srun_train(slurm, "mpi", "mpi", MPI_SCRIPT)
     assert proc.returncode == 0, (proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:])
     assert len([line for line in proc.stdout.splitlines() if "sum 6" in line]) == 4, \
         proc.stdout[-3000:]
@@ -483,17 +485,11 @@ def test_a_failing_rank_is_every_nodes_exit_code(slurm, runner):
     """Rank 3 (on the second node) exits 3: `train` ends the job on both nodes,
     each with 3, so srun (the highest task code) says 3."""
     pytest.importorskip("torch" if runner == "torchrun" else "mpi4py")
-    d = _workdir(slurm, "train-fail-" + runner)
     rank = "int(os.environ['RANK'])" if runner == "torchrun" else \
         "int(os.environ['OMPI_COMM_WORLD_RANK'])"
-    with open(os.path.join(d, "t.py"), "w") as f:
-        # The others would sleep past srun's bound: only fail-fast ends them.
-        f.write("import os, sys, time\nif %s == 3:\n    sys.exit(3)\ntime.sleep(600)\n" % rank)
-    base = "/opt/ml/jobs/fail-" + runner
-    env = dict(os.environ, SAGEMAKER_PROGRAM="t.py", SAGEMAKER_SUBMIT_DIRECTORY=d,
-               SAGEMAKER_BASE_DIR=base, TRAINING_TOOLKIT_RUNNER=runner,
-               TRAINING_TOOLKIT_PROCESSES_PER_HOST="2")
-    proc = slurm.srun(["-N2", "--ntasks-per-node=1", TRAIN], cwd=d, env=env, timeout=120)
+    # The others would sleep past srun's bound: only fail-fast ends them.
+    script = "import os, sys, time\nif %s == 3:\n    sys.exit(3)\ntime.sleep(600)\n" % rank
+    proc = _srun_train(slurm, "fail-" + runner, runner, script)
     assert proc.returncode == 3, (proc.returncode, proc.stderr[-3000:])
     assert "task 0: Exited with exit code 3" in proc.stderr, proc.stderr[-3000:]
     assert "task 1: Exited with exit code 3" in proc.stderr, proc.stderr[-3000:]

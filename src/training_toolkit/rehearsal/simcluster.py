@@ -75,7 +75,7 @@ def _own_install():
     return [p for p in (here, sys.prefix) if os.path.realpath(p).startswith("/tmp/")]
 
 
-class SimCluster:
+class SimCluster(stale.SingleUse):
     """N simulated hosts ``algo-1..algo-N`` on this machine.
 
     ``job_roots``: a sequence of N directories (host K gets the K-th) or a
@@ -88,8 +88,12 @@ class SimCluster:
     venv, when under ``/tmp``, is always shared.
     """
 
+    error = SimClusterError
+    kind = 'simulated cluster'
+
     def __init__(self, n, job_roots, name_prefix=None, ssh=True, shared_paths=(),
                  ready_timeout_s=30.0):
+        super().__init__()
         n = int(n)
         if not 1 <= n <= MAX_HOSTS:
             raise ValueError("a simulated cluster has 1..%d hosts, not %d" % (MAX_HOSTS, n))
@@ -141,9 +145,6 @@ class SimCluster:
         self._lock_fd = None
         self._key_dir = None
         self._relays = []
-        self._started = False
-        self._closed = False
-        self._dirty = False     # something may exist that close() must remove
 
     # -- attributes ---------------------------------------------------------
 
@@ -199,36 +200,9 @@ class SimCluster:
 
     # -- lifecycle ----------------------------------------------------------
 
-    def __enter__(self):
-        self.start()
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        self.close(raise_errors=exc_type is None)
-        return False
-
-    def start(self):
-        """Create the hosts. On failure everything made so far is removed and
-        the error raised."""
-        if self._started or self._closed:
-            raise SimClusterError("start() called twice (a SimCluster is single-use)")
+    def _check_supported(self):
         check_supported(need_ssh=self.ssh)
         self._nsenter = shutil.which("nsenter")
-        t0 = time.monotonic()
-        self._dirty = True
-        stale.close_at_exit(self)
-        try:
-            self._start()
-        except BaseException:
-            try:
-                self.close(raise_errors=False)
-            except Exception:  # keep the original error
-                log.exception("simcluster %s: teardown after failed start failed", self.prefix)
-            raise
-        self._started = True
-        log.debug("simcluster %s: started %d hosts in %.3f s", self.prefix, len(self.hosts),
-                  time.monotonic() - t0)
-        return self
 
     def _start(self):
         self._lock_fd = stale.take_lock(self.prefix)
@@ -352,12 +326,6 @@ class SimCluster:
             log.warning("%s", msg)
 
     # -- running things in a host --------------------------------------------
-
-    def _require_started(self):
-        if not self._started:
-            raise SimClusterError("simulated cluster is not started")
-        if self._closed:
-            raise SimClusterError("simulated cluster is closed")
 
     def command(self, host, argv, cwd=None):
         """The argv that runs ``argv`` (a list, never a shell line) inside

@@ -1,6 +1,10 @@
 """Real Slurm on the simulated hosts (root only): Debian's slurm-wlm 22.05
 daemons, one slurmd per SimCluster host.
 
+One concern in about 630 lines: the conf, the daemons' start order, their
+clients and the teardown that undoes each start step belong together (the
+lifecycle itself is stale.SingleUse, shared with SimCluster).
+
 ``SlurmCluster(simcluster)`` (a context manager) writes a ``slurm.conf`` into
 a directory of its own under ``/run`` (a path every host sees: their ``/tmp``
 is private), then starts
@@ -141,7 +145,7 @@ def _tail(path, lines=20):
         return "(no %s)" % path
 
 
-class SlurmCluster:
+class SlurmCluster(stale.SingleUse):
     """slurmctld, munged and one slurmd per host of ``simcluster`` (a started
     SimCluster).
 
@@ -156,8 +160,12 @@ class SlurmCluster:
     ``ready_timeout_s``: bound on the wait for every node to be idle.
     """
 
+    error = SlurmError
+    kind = 'Slurm cluster'
+
     def __init__(self, simcluster, cpus=2, kill_wait_s=5, controller=None, extra_conf=(),
                  ready_timeout_s=60.0, debug="info"):
+        super().__init__()
         self.sim = simcluster
         self.hosts = list(simcluster.hosts)
         if controller is not None and controller not in self.hosts:
@@ -175,15 +183,11 @@ class SlurmCluster:
         self.dir = None
         self.conf_path = None
         self.munge_socket = None
-        self.start_seconds = None
         self._munged = None
         self._slurmctld = None
         self._slurmd = {}
         self._logs = []         # files opened for the daemons' output
         self._mounted = []      # hosts whose cgroup trees we mounted
-        self._started = False
-        self._closed = False
-        self._dirty = False
 
     def __repr__(self):
         return "<SlurmCluster %s hosts=%d %s>" % (
@@ -261,36 +265,8 @@ class SlurmCluster:
 
     # -- lifecycle --------------------------------------------------------------
 
-    def __enter__(self):
-        self.start()
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        self.close(raise_errors=exc_type is None)
-        return False
-
-    def start(self):
-        """Start the daemons and wait for every node to be idle. On failure
-        everything made so far is removed and the error raised."""
-        if self._started or self._closed:
-            raise SlurmError("start() called twice (a SlurmCluster is single-use)")
+    def _check_supported(self):
         check_supported()
-        t0 = time.monotonic()
-        self._dirty = True
-        stale.close_at_exit(self)
-        try:
-            self._start()
-        except BaseException:
-            try:
-                self.close(raise_errors=False)
-            except Exception:  # keep the original error
-                log.exception("slurm %s: teardown after failed start failed", self.cluster_name)
-            raise
-        self._started = True
-        self.start_seconds = time.monotonic() - t0
-        log.debug("slurm %s: %d nodes idle after %.3f s", self.cluster_name, len(self.hosts),
-                  self.start_seconds)
-        return self
 
     def _start(self):
         cleanup_stale()
@@ -520,12 +496,6 @@ class SlurmCluster:
         return left
 
     # -- commands in a host -----------------------------------------------------
-
-    def _require_started(self):
-        if not self._started:
-            raise SlurmError("Slurm cluster is not started")
-        if self._closed:
-            raise SlurmError("Slurm cluster is closed")
 
     def command(self, host, argv, cwd=None):
         """The argv that runs ``argv`` in ``host`` (see SimCluster.command)."""

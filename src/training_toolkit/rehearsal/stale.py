@@ -7,6 +7,7 @@ import fcntl
 import logging
 import os
 import re
+import time
 import weakref
 
 from .namespaces import NETNS_ETC_DIR, SimClusterError, check_supported, list_netns, rmtree
@@ -191,3 +192,53 @@ def _close_open():
             cluster.close(raise_errors=False)
         except Exception:  # noqa: BLE001 - best effort at exit
             pass
+
+
+class SingleUse:
+    """The lifecycle of a rehearsal cluster: started once (a `with` block
+    does), closed once, and on a failed start everything made so far removed
+    before the error goes on. A subclass sets `error` (its exception class)
+    and `kind` (its name in messages), and defines `_check_supported()`,
+    `_start()` and `close(raise_errors)`."""
+
+    error = SimClusterError
+    kind = "cluster"
+
+    def __init__(self):
+        self._started = False
+        self._closed = False
+        self._dirty = False     # something may exist that close() must remove
+        self.start_seconds = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, exc_type, exc, tb):
+        self.close(raise_errors=exc_type is None)
+        return False
+
+    def start(self):
+        if self._started or self._closed:
+            raise self.error("start() called twice (a %s is single-use)" % type(self).__name__)
+        self._check_supported()
+        t0 = time.monotonic()
+        self._dirty = True
+        close_at_exit(self)
+        try:
+            self._start()
+        except BaseException:
+            try:
+                self.close(raise_errors=False)
+            except Exception:  # keep the original error
+                log.exception("%r: teardown after failed start failed", self)
+            raise
+        self._started = True
+        self.start_seconds = time.monotonic() - t0
+        log.debug("%r: started in %.3f s", self, self.start_seconds)
+        return self
+
+    def _require_started(self):
+        if not self._started:
+            raise self.error("%s is not started" % self.kind)
+        if self._closed:
+            raise self.error("%s is closed" % self.kind)
