@@ -380,6 +380,90 @@ def test_bad_arguments(tmp_path):
         SimCluster(1, [tmp_path]).job_root("algo-2")
 
 
+# -- caller-chosen names, aliases, no job root (research note 7.2) ---------------
+
+
+def test_caller_chosen_names_aliases_and_no_job_root(tmp_path):
+    """Kubeflow-style hosts: the caller's names (in its order, which sorted()
+    would change), FQDN aliases in every host's /etc/hosts, the subnet the
+    caller chose, an empty private /opt/ml (no job root) and an empty
+    private /root/.ssh; close() removes them as it removes algo-K hosts."""
+    names = ["job-master-0", "job-worker-10", "job-worker-2"]
+    aliases = {"job-master-0": "job-master-0.default.svc",
+               "job-worker-10": ["job-worker-10.job.default.svc", "w10.job"]}
+    ssh_before = sorted(os.listdir("/root/.ssh")) if os.path.isdir("/root/.ssh") else None
+    with SimCluster(3, None, names=names, aliases=aliases, ssh="empty",
+                    subnet="10.213.7.0/24") as c:
+        snap = _snapshot(c)
+        assert c.hosts == names and c.key_dir is None
+        assert [c.address(h) for h in names] == ["10.213.7.1", "10.213.7.2", "10.213.7.3"]
+        assert [c.netns(h) for h in names] == ["%s-algo-%d" % (c.prefix, k) for k in (1, 2, 3)]
+        assert c.aliases("job-worker-10") == ["job-worker-10.job.default.svc", "w10.job"]
+        assert c.aliases("job-worker-2") == [] and c.job_root("job-worker-2") is None
+        for host in names:
+            assert _out(c, host, ["hostname"]).strip() == host
+            out = _out(c, host, ["getent", "ahostsv4", "job-worker-10.job.default.svc"])
+            assert out.split()[0] == "10.213.7.2"
+            assert _out(c, host, ["getent", "hosts", "w10.job"]).split()[0] == "10.213.7.2"
+            assert _out(c, host, ["getent", "hosts", "job-master-0.default.svc"]).split()[0] \
+                == "10.213.7.1"
+            assert _out(c, host, ["getent", "hosts", "job-worker-2"]).split()[0] == "10.213.7.3"
+            # an empty tmpfs of its own at /opt/ml, and an empty /root/.ssh
+            assert _out(c, host, ["findmnt", "-no", "FSTYPE", "/opt/ml"]).strip() == "tmpfs"
+            assert _out(c, host, ["ls", "-A", "/opt/ml", "/root/.ssh"]).split() == \
+                ["/opt/ml:", "/root/.ssh:"]
+            assert _out(c, host, ["findmnt", "-no", "FSTYPE", "/root/.ssh"]).strip() == "tmpfs"
+        _out(c, "job-master-0", ["sh", "-c", "echo mine > /opt/ml/x && echo k > /root/.ssh/k"])
+        assert c.run("job-worker-2", ["test", "-e", "/opt/ml/x"]).returncode == 1
+        assert c.run("job-worker-2", ["test", "-e", "/root/.ssh/k"]).returncode == 1
+        assert not os.path.exists("/opt/ml/x")
+        assert not os.path.exists("/root/.ssh/k")
+        # TCP by alias between hosts
+        srv = c.popen("job-worker-10", [sys.executable, "-c", textwrap.dedent("""
+            import socket
+            s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("0.0.0.0", 5701)); s.listen(1)
+            conn, _ = s.accept(); conn.sendall(socket.gethostname().encode()); conn.close()
+            """)])
+        c.wait_listening("job-worker-10", 5701, timeout_s=20, proc=srv)
+        got = _out(c, "job-master-0", [sys.executable, "-c",
+                                       "import socket; s = socket.create_connection("
+                                       "('job-worker-10.job.default.svc', 5701), 10); "
+                                       "print(s.recv(100).decode())"])
+        assert got.strip() == "job-worker-10"
+        srv.wait(timeout=20)
+        with open("/etc/netns/%s/hosts" % c.netns("job-worker-10")) as f:
+            assert "10.213.7.2\tjob-worker-10 job-worker-10.job.default.svc w10.job\n" in f.read()
+    _assert_gone(snap)
+    if ssh_before is not None:
+        assert sorted(os.listdir("/root/.ssh")) == ssh_before
+
+
+def test_bad_names_and_aliases(tmp_path):
+    for names, message in ((["a", "a"], "twice"), (["a", "A"], "twice"),
+                           (["a"], "need 2 host names"), (["a", "b_c"], "DNS label"),
+                           (["a", "-b"], "DNS label"), (["a", "b.c"], "DNS label"),
+                           (["a", "x" * 64], "DNS label"), (["a", ""], "DNS label"),
+                           (["a", 7], "string")):
+        with pytest.raises(ValueError, match=message):
+            SimCluster(2, None, names=names)
+    for aliases, message in (({"c": "c.x"}, "not a host"), ({"a": "b"}, "already the name"),
+                             ({"a": "x.y", "b": "X.Y"}, "already the name"),
+                             ({"a": "x..y"}, "DNS name"), ({"a": ["ok", "bad_"]}, "DNS name")):
+        with pytest.raises(ValueError, match=message):
+            SimCluster(2, None, names=["a", "b"], aliases=aliases)
+    with pytest.raises(ValueError, match="job_roots must name exactly"):
+        SimCluster(1, {"algo-1": tmp_path}, names=["a"])
+    with pytest.raises(ValueError, match="ssh"):
+        SimCluster(1, None, ssh="yes")
+    for subnet in ("10.1.0.0/16", "fd00::/120"):
+        with pytest.raises(ValueError, match="/24"):
+            SimCluster(1, None, subnet=subnet)
+    c = SimCluster(2, {"b": tmp_path, "a": tmp_path}, names=["a", "b"])
+    assert c.hosts == ["a", "b"] and c.job_root("a") == os.path.realpath(tmp_path)
+    assert SimCluster(2, [tmp_path, tmp_path]).hosts == ["algo-1", "algo-2"]
+
+
 def test_unsupported_machine_is_reported(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(SimClusterUnavailable, match="root"):

@@ -19,8 +19,14 @@ set -eu
 host=$1 jobroot=$2 keys=$3
 shift 3
 echo "$host" > /proc/sys/kernel/hostname
-mount --bind "$jobroot" /opt/ml
-if [ -n "$keys" ]; then
+if [ -n "$jobroot" ]; then
+    mount --bind "$jobroot" /opt/ml
+else
+    mount -t tmpfs -o mode=755 tmpfs /opt/ml
+fi
+if [ "$keys" = "-" ]; then
+    mount -t tmpfs -o mode=700,size=1m tmpfs /root/.ssh
+elif [ -n "$keys" ]; then
     mount -t tmpfs -o mode=700,size=1m tmpfs /root/.ssh
     cp "$keys/id_ed25519" "$keys/id_ed25519.pub" /root/.ssh/
     cp "$keys/id_ed25519.pub" /root/.ssh/authorized_keys
@@ -56,6 +62,9 @@ echo "ready $$"
 read _ || true
 """
 
+# The key_dir of spawn() that asks for an empty private /root/.ssh.
+EMPTY_SSH = "-"
+
 # Run argv in the caller's cwd (as a path inside the host) or "/", or in an
 # explicit cwd (strict).
 _CD_LENIENT = 'cd -- "$0" 2>/dev/null || cd /; exec "$@"'
@@ -64,13 +73,14 @@ _CD_STRICT = 'cd -- "$0" || exit 126; exec "$@"'
 
 def spawn(host, netns, job_root, key_dir, shared_rel):
     """Start the holder of ``host`` (its network namespace ``netns``): the
-    hostname, ``job_root`` at /opt/ml, the keys of ``key_dir`` (or none) in
-    /root/.ssh, private /tmp and /dev/shm but for ``shared_rel`` (paths
+    hostname, ``job_root`` at /opt/ml (None: an empty tmpfs there), the keys
+    of ``key_dir`` in a private /root/.ssh (EMPTY_SSH: an empty one; None:
+    this machine's), private /tmp and /dev/shm but for ``shared_rel`` (paths
     relative to /tmp). Returns its Popen; see ``await_ready``."""
     argv = ["ip", "netns", "exec", netns,
             "unshare", "--uts", "--ipc", "--mount", "--propagation", "private", "--fork",
             "--", "sh", "-c", _HOLDER_SCRIPT, "simcluster-holder",
-            host, job_root, key_dir or ""] + list(shared_rel)
+            host, job_root or "", key_dir or ""] + list(shared_rel)
     return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, cwd="/", start_new_session=True)
 

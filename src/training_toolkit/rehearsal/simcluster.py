@@ -1,20 +1,24 @@
 """Simulated multi-host cluster on one Linux machine (root only).
 
-``SimCluster(n, job_roots)`` makes hosts ``algo-1 .. algo-N``. Each host is
+``SimCluster(n, job_roots)`` makes hosts ``algo-1 .. algo-N`` (or the names
+the caller gives, with extra names for each: ``names``, ``aliases``). Each
+host is
 
 * a network namespace with one IPv4 address (``10.X.Y.K/24`` on ``eth0``),
   joined by a veth pair to a Linux bridge that lives in a network namespace of
   its own. The root namespace gets no link, address or route;
-* ``/etc/netns/<ns>/hosts`` naming every host, so ``getent hosts algo-2`` works
-  inside a host (``ip netns exec`` bind-mounts it over ``/etc/hosts``);
+* ``/etc/netns/<ns>/hosts`` naming every host (and its aliases), so ``getent
+  hosts algo-2`` works inside a host (``ip netns exec`` bind-mounts it over
+  ``/etc/hosts``);
 * a long-lived *holder* process (``ip netns exec <ns> unshare --uts --ipc
   --mount --propagation private --fork sh -c ...``, see holder.py) owning a
   UTS, IPC and mount namespace, in which the hostname is ``algo-K``, ``/tmp``,
   ``/dev/shm`` and ``/root/.ssh`` are private tmpfs and ``/opt/ml`` is a bind
-  mount of the host's job root; root's shell start-up files (``~/.bashrc``,
-  ``~/.profile``) read as empty. ``/root/.ssh`` holds one job-wide ed25519 key
-  pair and an ``authorized_keys`` with its public key, so hosts can SSH to each
-  other without touching the real ``/root/.ssh``.
+  mount of the host's job root (an empty private tmpfs without one); root's
+  shell start-up files (``~/.bashrc``, ``~/.profile``) read as empty.
+  ``/root/.ssh`` holds one job-wide ed25519 key pair and an
+  ``authorized_keys`` with its public key, so hosts can SSH to each other
+  without touching the real ``/root/.ssh``.
 
 ``cluster.popen(host, argv)`` / ``cluster.run(host, argv)`` run a command in a
 host (``nsenter -t <holder> --net --uts --ipc --mount``). ``close()`` kills
@@ -27,7 +31,7 @@ gone).
 bridge namespace, reachable from every host) to a port in the caller's network
 namespace, e.g. an S3 stand-in listening on 127.0.0.1 (relay.py).
 
-This module holds the cluster's lifecycle (about 460 lines: start, the
+This module holds the cluster's lifecycle (about 500 lines: start, the
 per-host commands and close undo one another, so they stay in one room);
 namespaces.py the plumbing under it. Standard library only; psutil is not
 needed. Imports nothing heavy at import time.
@@ -62,6 +66,52 @@ GATEWAY_OCTET = 254
 SSHD = "/usr/sbin/sshd"
 
 _PREFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
+_LABEL_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def _dns_name(name, what, labels=1):
+    """``name`` if it is a DNS name of at most ``labels`` labels (1: a host
+    name, None: any number), else ValueError naming ``what``."""
+    if not isinstance(name, str):
+        raise ValueError("%s must be a string, not %r" % (what, name))
+    parts = name.split(".")
+    if (len(name) > 253
+            or (labels is not None and len(parts) > labels)
+            or not all(_LABEL_RE.fullmatch(p) for p in parts)):
+        raise ValueError("%s %r is not a DNS %s (letters, digits and '-', at most 63 each, "
+                         "no '-' at either end)" % (what, name,
+                                                   "label" if labels == 1 else "name"))
+    return name
+
+
+def _check_names(n, names, aliases):
+    """The host names (default algo-1..algo-N) and each host's aliases, checked."""
+    if names is None:
+        hosts = ["algo-%d" % k for k in range(1, n + 1)]
+    else:
+        hosts = [_dns_name(h, "host name") for h in names]
+        if len(hosts) != n:
+            raise ValueError("need %d host names, got %d" % (n, len(hosts)))
+    seen = {}
+    for h in hosts:
+        if h.lower() in seen:
+            raise ValueError("host name %r given twice" % h)
+        seen[h.lower()] = h
+    extra = {h: [] for h in hosts}
+    for host, names_of in dict(aliases or {}).items():
+        if host not in extra:
+            raise ValueError("aliases for %r, which is not a host (hosts: %s)"
+                             % (host, ", ".join(hosts)))
+        if isinstance(names_of, str):
+            names_of = [names_of]
+        for alias in names_of:
+            _dns_name(alias, "alias of %s" % host, labels=None)
+            if alias.lower() in seen:
+                raise ValueError("alias %r of %s is already the name of %s"
+                                 % (alias, host, seen[alias.lower()]))
+            seen[alias.lower()] = host
+            extra[host].append(alias)
+    return hosts, extra
 
 
 
@@ -80,25 +130,42 @@ class SimCluster(stale.SingleUse):
 
     ``job_roots``: a sequence of N directories (host K gets the K-th) or a
     mapping host name -> directory; each is bind-mounted at ``/opt/ml`` in its
-    host. ``name_prefix``: prefix of every namespace name (default
-    ``ttsc-<8 random hex>``). ``ssh``: give every host the job-wide key pair
-    under ``/root/.ssh`` (needs ssh-keygen). ``shared_paths``: paths under
-    ``/tmp`` of the root namespace that stay visible (same path) inside the
-    hosts, whose ``/tmp`` is otherwise private; this package's own checkout or
-    venv, when under ``/tmp``, is always shared.
+    host. None: no job root, each host's ``/opt/ml`` is an empty private
+    tmpfs (an image with an empty ``/opt/ml``). ``name_prefix``: prefix of
+    every namespace name (default ``ttsc-<8 random hex>``). ``ssh``: True
+    gives every host the job-wide key pair under ``/root/.ssh`` (needs
+    ssh-keygen); ``"empty"`` an empty private ``/root/.ssh`` (the caller puts
+    what it wants there); False leaves this machine's ``/root/.ssh`` visible.
+    ``shared_paths``: paths under ``/tmp`` of the root namespace that stay
+    visible (same path) inside the hosts, whose ``/tmp`` is otherwise
+    private; this package's own checkout or venv, when under ``/tmp``, is
+    always shared.
+
+    ``names``: the N host names, in order (default ``algo-1..algo-N``): DNS
+    labels, unique (case-insensitively). ``aliases``: a mapping host ->
+    extra names (a string or a list; FQDNs such as ``tj-node-0-0.tj``), each
+    written to every host's ``/etc/hosts`` next to the host's own. The
+    network namespaces are named by position (``<prefix>-algo-K``) whatever
+    the host names, so that a crashed run's are found by cleanup_stale.
+    ``subnet``: the hosts' ``10.X.Y.0/24`` (an ``ipaddress.IPv4Network`` or
+    its text; host K is ``.K``), for a caller that names hosts by address
+    before start(); default a random one that no route of this machine
+    overlaps.
     """
 
     error = SimClusterError
     kind = 'simulated cluster'
 
     def __init__(self, n, job_roots, name_prefix=None, ssh=True, shared_paths=(),
-                 ready_timeout_s=30.0):
+                 ready_timeout_s=30.0, names=None, aliases=None, subnet=None):
         super().__init__()
         n = int(n)
         if not 1 <= n <= MAX_HOSTS:
             raise ValueError("a simulated cluster has 1..%d hosts, not %d" % (MAX_HOSTS, n))
-        self.hosts = ["algo-%d" % k for k in range(1, n + 1)]
-        if isinstance(job_roots, dict):
+        self.hosts, self._aliases = _check_names(n, names, aliases)
+        if job_roots is None:
+            roots = [None] * n
+        elif isinstance(job_roots, dict):
             unknown = set(job_roots) - set(self.hosts)
             missing = [h for h in self.hosts if h not in job_roots]
             if unknown or missing:
@@ -111,6 +178,9 @@ class SimCluster(stale.SingleUse):
                 raise ValueError("need %d job roots, got %d" % (n, len(roots)))
         self._job_roots = {}
         for host, root in zip(self.hosts, roots):
+            if job_roots is None:
+                self._job_roots[host] = None
+                continue
             root = os.path.realpath(os.fspath(root))
             if not os.path.isdir(root):
                 raise ValueError("job root of %s is not a directory: %s" % (host, root))
@@ -121,8 +191,10 @@ class SimCluster(stale.SingleUse):
             raise ValueError("name_prefix must match %s: %r" % (_PREFIX_RE.pattern, name_prefix))
         self.prefix = name_prefix
         self.bridge_netns = "%s-br" % name_prefix
-        self._netns = {h: "%s-%s" % (name_prefix, h) for h in self.hosts}
-        self.ssh = bool(ssh)
+        self._netns = {h: "%s-algo-%d" % (name_prefix, k) for k, h in enumerate(self.hosts, 1)}
+        if ssh not in (True, False, "empty"):
+            raise ValueError("ssh must be True, False or 'empty', not %r" % (ssh,))
+        self.ssh = ssh
         self._shared_rel = []
         for p in list(shared_paths) + _own_install():
             p = os.path.realpath(os.fspath(p))
@@ -137,6 +209,16 @@ class SimCluster(stale.SingleUse):
             # other paths are visible anyway
         self.ready_timeout_s = ready_timeout_s
         self.subnet = None
+        if subnet is not None:
+            import ipaddress
+
+            subnet = ipaddress.ip_network(subnet)
+            if subnet.version != 4 or subnet.prefixlen != 24:
+                raise ValueError("subnet must be an IPv4 /24, not %s" % subnet)
+            if n >= GATEWAY_OCTET:
+                raise ValueError("a /24 holds %d hosts besides the gateway"
+                                 % (GATEWAY_OCTET - 1))
+        self._subnet = subnet
         self._addresses = {}
         self._holders = {}      # host -> Popen of the `ip netns exec ... unshare` process
         self._holder_pids = {}  # host -> pid of the process owning uts/ipc/mnt
@@ -165,7 +247,8 @@ class SimCluster(stale.SingleUse):
         return self._addresses[host]
 
     def job_root(self, host):
-        """The directory bind-mounted at /opt/ml in ``host``."""
+        """The directory bind-mounted at /opt/ml in ``host`` (None: no job
+        root, an empty tmpfs there)."""
         self._check_host(host)
         return self._job_roots[host]
 
@@ -192,16 +275,22 @@ class SimCluster(stale.SingleUse):
         """Directory (root namespace) with the job-wide id_ed25519 key pair."""
         return self._key_dir
 
+    def aliases(self, host):
+        """The extra names of ``host`` (a list, maybe empty)."""
+        self._check_host(host)
+        return list(self._aliases[host])
+
     def hosts_file(self):
         """Contents of /etc/hosts inside every host."""
         lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
-        lines += ["%s\t%s" % (self._addresses[h], h) for h in self.hosts]
+        lines += ["\t".join([self._addresses[h], " ".join([h] + self._aliases[h])])
+                  for h in self.hosts]
         return "\n".join(lines) + "\n"
 
     # -- lifecycle ----------------------------------------------------------
 
     def _check_supported(self):
-        check_supported(need_ssh=self.ssh)
+        check_supported(need_ssh=self.ssh is True)
         self._nsenter = shutil.which("nsenter")
 
     def _start(self):
@@ -212,7 +301,7 @@ class SimCluster(stale.SingleUse):
                                       "use?)" % name)
         import random
 
-        self.subnet = pick_subnet(random.SystemRandom())
+        self.subnet = self._subnet or pick_subnet(random.SystemRandom())
         for k, host in enumerate(self.hosts, 1):
             self._addresses[host] = str(self.subnet.network_address + k)
 
@@ -223,7 +312,8 @@ class SimCluster(stale.SingleUse):
         if self.ssh:
             if not os.path.isdir("/root/.ssh"):
                 os.makedirs("/root/.ssh", mode=0o700, exist_ok=True)
-            self._make_keys()
+            if self.ssh is True:
+                self._make_keys()
 
         # namespaces
         names = [self.bridge_netns] + [self._netns[h] for h in self.hosts]
@@ -252,8 +342,9 @@ class SimCluster(stale.SingleUse):
 
         # holders, started together, then wait for each to be ready
         for host in self.hosts:
+            keys = self._key_dir if self.ssh is True else (holder.EMPTY_SSH if self.ssh else None)
             self._holders[host] = holder.spawn(host, self._netns[host],
-                                               self._job_roots[host], self._key_dir,
+                                               self._job_roots[host], keys,
                                                self._shared_rel)
         for host in self.hosts:
             self._holder_pids[host] = holder.await_ready(
