@@ -37,7 +37,9 @@ What differs from a production cluster:
   nodes. Each node's ``/opt/ml`` is its own, and holds an empty ``code/``
   directory, as in the images of docker/.
 """
+import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -513,3 +515,159 @@ def test_task_per_rank_each_task_is_one_rank(slurm):
     lines = sorted(line for line in proc.stdout.splitlines() if "sum 6" in line)
     assert len(lines) == 4, proc.stdout[-3000:]
     assert sorted(line.split()[1] for line in lines) == ["0", "0", "1", "1"]  # LOCAL_RANK
+
+
+# -- stopping `train` under srun: scancel, SIGUSR1, requeue (issue 21) ---------
+
+# A rank of `train -- python t.py` (one per node under the process runner)
+# that notes every SIGTERM, SIGCONT and SIGUSR1 it gets (a line "SIGNUM TIME"
+# in $1/signals.<SLURM_PROCID>) after writing "PID JOBID" to $1/pid.<PROCID>.
+# On SIGTERM it ends (exit 0, as a script that checkpoints and stops), unless
+# ON_TERM=ignore; on SIGUSR1 it carries on. It sleeps until $1/stop appears
+# (then exits 0) or for 300 s.
+TRAIN_SIGNAL_TASK = textwrap.dedent("""\
+    import os, signal, sys, time
+    d = sys.argv[1]
+    rank = os.environ.get("RANK", os.environ["SLURM_PROCID"])
+    ignore = os.environ.get("ON_TERM") == "ignore"
+    def note(sig, frame):
+        with open(os.path.join(d, "signals.%s" % rank), "a") as f:
+            f.write("%d %r\\n" % (sig, time.time()))
+        if sig == signal.SIGTERM and not ignore:
+            sys.exit(0)
+    for s in (signal.SIGTERM, signal.SIGCONT, signal.SIGUSR1):
+        signal.signal(s, note)
+    with open(os.path.join(d, "pid.%s.tmp" % rank), "w") as f:
+        f.write("%d %s\\n" % (os.getpid(), os.environ["SLURM_JOB_ID"]))
+    os.rename(os.path.join(d, "pid.%s.tmp" % rank), os.path.join(d, "pid.%s" % rank))
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if os.path.exists(os.path.join(d, "stop")):
+            sys.exit(0)
+        time.sleep(0.02)
+    sys.exit(4)
+""")
+
+
+def _job_tree(slurm, host, base, *parts):
+    """A path in `host`'s job tree at `base` (SAGEMAKER_BASE_DIR, under the
+    host's /opt/ml, which is its SimCluster job root)."""
+    return os.path.join(slurm.sim.job_root(host), os.path.relpath(base, "/opt/ml"), *parts)
+
+
+def _read_status(slurm, host, base):
+    with open(_job_tree(slurm, host, base, "output", "status.json")) as f:
+        return json.load(f)
+
+
+def _start_train(slurm, name, args, ranks, env=None):
+    """srun ARGS... train -- python t.py DIR (TRAIN_SIGNAL_TASK), not waited
+    for; returns (DIR, the base dir, the Popen, {rank: pid}, the job id)
+    once every rank wrote its pid file."""
+    d = _workdir(slurm, name)
+    with open(os.path.join(d, "t.py"), "w") as f:
+        f.write(TRAIN_SIGNAL_TASK)
+    base = "/opt/ml/jobs/" + name
+    proc = slurm.srun_popen(list(args) + [TRAIN, "--", "python", "t.py", d], cwd=d,
+                            env=dict(env or {}, SAGEMAKER_BASE_DIR=base),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids, job_ids = {}, set()
+    try:
+        for rank in range(ranks):
+            path = os.path.join(d, "pid.%d" % rank)
+            _wait_file(path, proc, timeout_s=60)
+            with open(path) as f:
+                pid, job_id = f.read().split()
+            pids[rank] = int(pid)
+            job_ids.add(job_id)
+    except BaseException:
+        _end(proc)
+        raise
+    assert len(job_ids) == 1, job_ids
+    return d, base, proc, pids, job_ids.pop()
+
+
+def _end(proc, timeout_s=5):
+    if proc.poll() is None:
+        proc.kill()
+    try:
+        return proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return "", ""
+
+
+def _communicate(proc, timeout_s, what):
+    try:
+        return proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        out, err = _end(proc)
+        pytest.fail("srun did not end within %d s of %s:\n%s\n%s"
+                    % (timeout_s, what, (out or "")[-3000:], (err or "")[-3000:]))
+
+
+def _no_step_left(slurm, pids, timeout_s=KILL_WAIT + 10):
+    """Waits (bounded) until no process of the cluster's steps and none of
+    `pids` is alive; returns what is still alive."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = slurm.step_pids() + [p for p in pids if alive(p)]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(180)
+def test_scancel_stops_train_on_every_node_with_sigterm(slurm):
+    """`scancel JOB` of `srun -N2 train -- python t.py`: every rank gets
+    SIGTERM (from slurmstepd and from `train`) and ends; both trains record
+    the stop (status.json and failure: stopped by SIGTERM, 143) and exit
+    before Slurm's SIGKILL; srun ends, and no process of the job is left."""
+    d, base, proc, pids, job_id = _start_train(slurm, "scancel-train",
+                                               ["-N2", "--ntasks-per-node=1"], 2)
+    cancel = slurm.scancel([job_id])
+    assert cancel.returncode == 0, cancel.stderr
+    out, err = _communicate(proc, KILL_WAIT + 20, "scancel")
+    assert _no_step_left(slurm, pids.values()) == []
+    for rank in pids:
+        got = [s for s, _ in _signals(os.path.join(d, "signals.%d" % rank))]
+        assert signal.SIGTERM in got, (rank, got)
+    for host in HOSTS:
+        status = _read_status(slurm, host, base)
+        assert status["exit_code"] == 128 + signal.SIGTERM, (host, status)
+        assert "SIGTERM" in status["root_cause"], (host, status)
+        with open(_job_tree(slurm, host, base, "output", "failure")) as f:
+            assert "SIGTERM" in f.read().splitlines()[0], host
+        assert not os.path.exists(_job_tree(slurm, host, base, "output", "success")), host
+    # Each train ended itself (143) before Slurm's SIGKILL ("Killed") would have.
+    assert "CANCELLED" in err, err[-3000:]
+    for task in (0, 1):
+        assert "task %d: Exited with exit code 143" % task in err, err[-3000:]
+    assert "Killed" not in err, err[-3000:]
+
+
+@pytest.mark.timeout(180)
+def test_scancel_a_rank_that_ignores_sigterm_is_killed_within_trains_grace(slurm):
+    """A rank that ignores SIGTERM: with SM_TERMINATION_GRACE_SECONDS=2,
+    `train` SIGKILLs it after its grace, which ends before Slurm's KillWait
+    (5 s): each train still writes its verdict (137, the rank killed by
+    SIGKILL) and exits itself, so srun reports exits, not "Killed" tasks."""
+    d, base, proc, pids, job_id = _start_train(
+        slurm, "scancel-ignore", ["-N2", "--ntasks-per-node=1"], 2,
+        env={"ON_TERM": "ignore", "SM_TERMINATION_GRACE_SECONDS": "2"})
+    cancel = slurm.scancel([job_id])
+    assert cancel.returncode == 0, cancel.stderr
+    out, err = _communicate(proc, KILL_WAIT + 20, "scancel")
+    assert _no_step_left(slurm, pids.values()) == []
+    for rank in pids:
+        got = [s for s, _ in _signals(os.path.join(d, "signals.%d" % rank))]
+        assert signal.SIGTERM in got, (rank, got)
+    # Each train outlived its rank to write the verdict: the rank's SIGKILL
+    # was train's (Slurm's, after KillWait, would have ended train too).
+    for host in HOSTS:
+        status = _read_status(slurm, host, base)
+        assert status["exit_code"] == 128 + signal.SIGKILL, (host, status)
+        assert "killed by SIGKILL" in status["root_cause"], (host, status)
+        assert status["ended"] >= status["phases"][-1]["end"], (host, status)
+    for task in (0, 1):
+        assert "task %d: Exited with exit code 137" % task in err, err[-3000:]
+    assert "Killed" not in err, err[-3000:]
