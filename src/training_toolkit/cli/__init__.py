@@ -37,6 +37,13 @@ def cmd_local(args):
             raise UsageError("--channel %s=%s: not a directory" % (name, path))
     job_dir = os.path.abspath(args.job_dir) if args.job_dir else tempfile.mkdtemp(prefix="tt-job-")
     hps = _pairs(args.hp, "--hp")
+    if args.orchestrator not in (None, "none"):
+        return _local_orchestrated(args, job_dir, entry, code_dir, channels, hps)
+    for flag, given in (("--processes-per-host", args.processes_per_host is not None),
+                        ("--mpi-workers", args.mpi_workers != "sshd"),
+                        ("--mpi-launcher-as-worker", args.mpi_launcher_as_worker)):
+        if given:
+            raise UsageError("%s needs --orchestrator" % flag)
     if args.image:
         return _local_containers(args, job_dir, entry, code_dir, channels, hps)
     if args.hosts > 1:
@@ -154,6 +161,29 @@ def _local_containers(args, job_dir, entry, code_dir, channels, hps):
     return _verdict(hosts, roots, [codes[h] for h in hosts])
 
 
+def _local_orchestrated(args, job_dir, entry, code_dir, channels, hps):
+    """Rehearse the job under an orchestrator on simulated hosts
+    (rehearsal/orchestrated.py): its names, environment and verdict rule."""
+    import signal
+
+    for flag, given in (("--image", args.image), ("--distributed", args.distributed)):
+        if given:
+            raise UsageError("%s cannot be combined with --orchestrator" % flag)
+    from ..rehearsal import orchestrated
+
+    # SIGTERM ends us like Ctrl-C: the pods are stopped and the hosts removed.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    try:
+        code = orchestrated.run(args.orchestrator, code_dir, entry, hps, channels, job_dir,
+                                args.hosts, processes_per_host=args.processes_per_host,
+                                mpi_workers=args.mpi_workers,
+                                launcher_as_worker=args.mpi_launcher_as_worker)
+    except KeyboardInterrupt:
+        return 130
+    _draw_timeline(job_dir)
+    return code
+
+
 def _environment(args):
     """The job tree's environment, checked as `train` checks it at start."""
     from ..job.environment import Environment
@@ -222,6 +252,20 @@ def parser():
     local.add_argument("--hosts", type=int, default=1, metavar="N",
                        help="run on N hosts: simulated ones (Linux namespaces, root), or N "
                             "containers with --image; one job tree each")
+    local.add_argument("--orchestrator", metavar="NAME",
+                       choices=("none", "pytorchjob", "trainjob", "mpijob", "batch", "slurm"),
+                       help="rehearse on simulated hosts with that orchestrator's names, "
+                            "environment and verdict rule: pytorchjob, trainjob, mpijob, "
+                            "batch, slurm (none: as without it)")
+    local.add_argument("--processes-per-host", type=int, metavar="N",
+                       help="with --orchestrator: nprocPerNode, numProcPerNode, "
+                            "slotsPerWorker, else TRAINING_TOOLKIT_PROCESSES_PER_HOST")
+    local.add_argument("--mpi-workers", choices=("sshd", "train"), default="sshd",
+                       help="MPIJob workers run the operator's bare sshd -De (default) or "
+                            "`train`")
+    local.add_argument("--mpi-launcher-as-worker", action="store_true",
+                       help="MPIJob: runLauncherAsWorker (the launcher first in the "
+                            "hostfile, N-1 workers)")
     local.add_argument("--image", metavar="IMAGE",
                        help="run each host as a container of IMAGE (docker or podman)")
     local.add_argument("--distributed", metavar="KIND",

@@ -1,0 +1,513 @@
+"""Rehearsing a job under an orchestrator (issue 21, point 6): `training-toolkit
+local CODE_DIR --hosts N --orchestrator NAME` runs the job on simulated hosts
+(SimCluster: network, UTS and mount namespaces; root only) with what that
+orchestrator gives each container: the pod or node names and FQDNs, the exact
+variables its operator injects (shared/research/orchestrators.md sections
+1.2-1.5 and 1.9, the fixtures of test/test_orchestrators.py), its files (an
+MPIJob's hostfile and SSH Secret), its start order (a Batch main node first,
+its children later, one by one) and its verdict rule.
+
+Every host runs the container command `train -- python ENTRY [--key value
+...]` in the code dir, which every host sees at its own path (the shared
+volume, a PVC). Each host's job tree is `JOB_DIR/<host>`, bind-mounted at
+`/opt/ml` (where `train` writes status.json when SAGEMAKER_BASE_DIR is unset,
+as on a cluster), so no variable that the orchestrator would not set is
+added; every host gets the same random TRAINING_TOOLKIT_JOB_SECRET (the
+Secret docs/orchestrators.md asks for) and, with `--channel`,
+TRAINING_TOOLKIT_CHANNELS.
+
+`plan()` is pure (the pods, their variables, the start order and the
+verdict rule); `run()` makes the hosts, drives the pods as the orchestrator
+would, prints each host's code and returns the job's verdict. One concern
+in about 510 lines: the layout and the driving of each orchestrator read
+side by side. Standard library only, nothing heavy at import time.
+"""
+import os
+import random
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from ..errors import UsageError
+
+ORCHESTRATORS = ("pytorchjob", "trainjob", "mpijob", "batch", "slurm")
+# The names of docs/orchestrators.md's job specs.
+JOB_NAMES = {"pytorchjob": "job", "trainjob": "tj", "mpijob": "pi", "batch": "mnp",
+             "slurm": "train"}
+RULES = {
+    "pytorchjob": "the Master replica's exit code",
+    "trainjob": "any failing node fails the job (JobSet's default failure policy): the first "
+                "non-zero exit code, else 0",
+    "mpijob": "the launcher's exit code",
+    "batch": "the main node's exit code",
+    "slurm": "srun's exit code (the highest task exit code)",
+}
+K8S_NAMESPACE = "default"
+K8S_ENV = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+GRACE_S = 30.0    # terminationGracePeriodSeconds' default; Batch's SIGTERM-to-SIGKILL
+LINGER_S = 30.0   # how long pods may outlive a PyTorchJob's end before they are deleted
+LATE_S = 1.0      # a Batch child starts this long after the node before it
+MPI_DIR = "/etc/mpi"
+SSHD_ARGV = ["/usr/sbin/sshd", "-De", "-o", "PidFile=none"]  # /run is shared by the hosts
+
+# Variables of the caller that must not reach a pod: another job's placement.
+_FOREIGN_PREFIXES = ("SM_", "SAGEMAKER_", "SLURM_", "SRUN_", "SBATCH_", "SALLOC_", "PET_",
+                     "AWS_BATCH_", "K_MPI_", "OMPI_", "PMIX_", "I_MPI_", "HYDRA_",
+                     "KUBERNETES_", "TORCHELASTIC_")
+_FOREIGN = {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK",
+            "LOCAL_WORLD_SIZE", "NODE_RANK", "JOB_COMPLETION_INDEX", "HOSTNAME", "TMPDIR",
+            "TRAINING_TOOLKIT_ORCHESTRATOR", "TRAINING_TOOLKIT_CHANNELS",
+            "TRAINING_TOOLKIT_JOB_SECRET"}
+
+
+def _say(text):
+    print("[training-toolkit] %s" % text, file=sys.stderr, flush=True)
+
+
+class Pod:
+    """One simulated host: its name, extra names, role, node rank, the
+    variables its orchestrator gives its container, its command (None: the
+    job's container command) and when it starts (seconds after the first)."""
+
+    def __init__(self, name, role, rank=None, env=None, aliases=(), argv=None, start_s=0.0):
+        self.name, self.role, self.rank = name, role, rank
+        self.env = dict(env or {})
+        self.aliases = list(aliases)
+        self.argv = argv
+        self.start_s = start_s
+
+    def __repr__(self):
+        return "<Pod %s %s rank=%s>" % (self.name, self.role, self.rank)
+
+
+class Plan:
+    """What rehearsing `orchestrator` on `hosts` hosts means: the pods in
+    rank order, the pod whose code is the verdict (None for TrainJob's rule,
+    "srun" for Slurm's), the launcher's hostfile (MPIJob)."""
+
+    def __init__(self, orchestrator, job_name, pods, verdict_pod, hostfile=None):
+        self.orchestrator, self.job_name, self.pods = orchestrator, job_name, pods
+        self.verdict_pod, self.hostfile = verdict_pod, hostfile
+        self.rule = RULES[orchestrator]
+
+    @property
+    def names(self):
+        return [p.name for p in self.pods]
+
+    def aliases(self):
+        return {p.name: p.aliases for p in self.pods if p.aliases}
+
+    def start_order(self):
+        return sorted(self.pods, key=lambda p: p.start_s)
+
+
+def _svc(name, *parts):
+    """A Service's FQDNs: `name.parts.default.svc` and its cluster.local form."""
+    base = ".".join((name,) + parts + (K8S_NAMESPACE, "svc"))
+    return [base, base + ".cluster.local"]
+
+
+def plan(orchestrator, hosts, job_name=None, processes_per_host=None, mpi_workers="sshd",
+         launcher_as_worker=False, subnet=None, late_s=LATE_S, rng=None):
+    """The pods of `orchestrator` for a job of `hosts` nodes (an MPIJob: `hosts`
+    lines in the hostfile, workers besides the launcher unless
+    `launcher_as_worker`), with the variables its operator injects. Batch
+    needs `subnet` (the hosts' /24: its hosts are named by address)."""
+    if orchestrator not in ORCHESTRATORS:
+        raise UsageError("--orchestrator %s: one of none, %s" % (orchestrator,
+                                                                 ", ".join(ORCHESTRATORS)))
+    n = int(hosts)
+    if n < 1:
+        raise UsageError("--hosts %d: must be at least 1" % n)
+    if processes_per_host is not None and int(processes_per_host) < 1:
+        raise UsageError("--processes-per-host %s: must be at least 1" % processes_per_host)
+    job = job_name or JOB_NAMES[orchestrator]
+    nproc = str(processes_per_host) if processes_per_host else None
+    own = {"TRAINING_TOOLKIT_PROCESSES_PER_HOST": nproc} if nproc else {}
+    if orchestrator == "pytorchjob":
+        # training-operator v1 envvar.go setPodEnv (note 1.2): RANK is the node
+        # rank, WORLD_SIZE replicas x nprocPerNode (x 1 for "auto").
+        pods = []
+        for rank in range(n):
+            name = "%s-master-0" % job if rank == 0 else "%s-worker-%d" % (job, rank - 1)
+            env = dict(K8S_ENV, PYTHONUNBUFFERED="1", MASTER_ADDR="%s-master-0" % job,
+                       PET_MASTER_ADDR="%s-master-0" % job, MASTER_PORT="23456",
+                       PET_MASTER_PORT="23456", PET_NNODES=str(n), PET_NODE_RANK=str(rank),
+                       RANK=str(rank), PET_NPROC_PER_NODE=nproc or "auto",
+                       WORLD_SIZE=str(n * int(nproc or 1)))
+            pods.append(Pod(name, "Master" if rank == 0 else "Worker", rank, env,
+                            _svc(name)))
+        return Plan(orchestrator, job, pods, pods[0].name)
+    if orchestrator == "trainjob":
+        # Trainer v2's torch plugin (note 1.3): PET_* only; the Indexed Job's
+        # JOB_COMPLETION_INDEX; pods <tj>-node-0-<k>, subdomain <tj>.
+        pods = []
+        for k in range(n):
+            name = "%s-node-0-%d" % (job, k)
+            env = dict(K8S_ENV, PET_NNODES=str(n), PET_NPROC_PER_NODE=nproc or "auto",
+                       PET_NODE_RANK=str(k), PET_MASTER_ADDR="%s-node-0-0.%s" % (job, job),
+                       PET_MASTER_PORT="29500", JOB_COMPLETION_INDEX=str(k))
+            pods.append(Pod(name, "node", k, env, ["%s.%s" % (name, job)] + _svc(name, job)))
+        return Plan(orchestrator, job, pods, None)
+    if orchestrator == "mpijob":
+        # mpi-operator v2beta1 (note 1.4): the launcher Job, bare worker Pods
+        # behind the headless Service <job>, the hostfile on the launcher only.
+        if mpi_workers not in ("sshd", "train"):
+            raise UsageError("--mpi-workers %s: sshd or train" % mpi_workers)
+        slots = nproc or "1"
+        workers = n - 1 if launcher_as_worker else n
+        launcher = Pod("%s-launcher" % job, "launcher", 0 if launcher_as_worker else None,
+                       dict(K8S_ENV, K_MPI_JOB_ROLE="launcher",
+                            OMPI_MCA_orte_keep_fqdn_hostnames="true",
+                            OMPI_MCA_orte_default_hostfile=MPI_DIR + "/hostfile",
+                            OMPI_MCA_plm_rsh_args="-o ConnectionAttempts=10",
+                            OMPI_MCA_orte_set_default_slots=slots),
+                       _svc("%s-launcher" % job, job))
+        if not launcher_as_worker:  # blanked on a launcher that runs no ranks
+            launcher.env.update(NVIDIA_VISIBLE_DEVICES="", NVIDIA_DRIVER_CAPABILITIES="")
+        pods = [launcher]
+        for i in range(workers):
+            name = "%s-worker-%d" % (job, i)
+            pods.append(Pod(name, "worker", i + (1 if launcher_as_worker else 0),
+                            dict(K8S_ENV, K_MPI_JOB_ROLE="worker"), _svc(name, job),
+                            argv=SSHD_ARGV if mpi_workers == "sshd" else ["train"]))
+        ranked = pods if launcher_as_worker else pods[1:]
+        hostfile = "".join("%s slots=%s\n" % (p.aliases[0], slots) for p in ranked)
+        return Plan(orchestrator, job, pods, launcher.name, hostfile)
+    if orchestrator == "batch":
+        # AWS Batch multi-node parallel job (note 1.9): the main node's address
+        # on the children only; children start after the main node, in random order.
+        if subnet is None:
+            raise ValueError("a Batch rehearsal names its hosts by address: give the subnet")
+        job_id = "%s-%s" % (job, secrets.token_hex(8))
+        addresses = [str(subnet.network_address + k) for k in range(1, n + 1)]
+        pods = []
+        for i, addr in enumerate(addresses):
+            name = "ip-" + addr.replace(".", "-")
+            env = dict(own, AWS_BATCH_JOB_ID="%s#%d" % (job_id, i), AWS_BATCH_JOB_ATTEMPT="1",
+                       AWS_BATCH_CE_NAME="local-ce", AWS_BATCH_JQ_NAME="local-queue",
+                       AWS_BATCH_JOB_NUM_NODES=str(n), AWS_BATCH_JOB_NODE_INDEX=str(i),
+                       AWS_BATCH_JOB_MAIN_NODE_INDEX="0")
+            if i:
+                env["AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"] = addresses[0]
+            pods.append(Pod(name, "main node" if i == 0 else "child", i, env,
+                            [name + ".ec2.internal"]))
+        children = pods[1:]
+        (rng or random.SystemRandom()).shuffle(children)
+        for k, pod in enumerate(children, 1):
+            pod.start_s = k * late_s
+        return Plan(orchestrator, job, pods, pods[0].name)
+    # Slurm: the nodes of a real Slurm (rehearsal/slurm.py, whose clients run
+    # in algo-1 by default); srun sets the rest.
+    pods = [Pod("algo-%d" % (k + 1), "node", k, dict(own)) for k in range(n)]
+    return Plan(orchestrator, job, pods, "srun")
+
+
+def job_ended(plan, exits):
+    """Whether the job has ended, given `exits` ([(pod, code)] in the order the
+    pods ended), and whether the orchestrator then stops the pods still
+    running at once (True) or lets them run on for a while (False)."""
+    done = dict(exits)
+    if plan.orchestrator == "trainjob":
+        return any(c != 0 for c in done.values()) or len(done) == len(plan.pods), True
+    # PyTorchJob: the job's status follows the Master; cleanPodPolicy None
+    # leaves the workers running. MPIJob (cleanPodPolicy Running) and Batch
+    # stop the rest when the launcher or the main node ends.
+    return plan.verdict_pod in done, plan.orchestrator != "pytorchjob"
+
+
+def verdict(plan, exits):
+    """The job's exit code by the orchestrator's rule."""
+    if plan.orchestrator == "trainjob":
+        return next((c for _, c in exits if c != 0), 0)
+    return dict(exits)[plan.verdict_pod]
+
+
+# -- running it ----------------------------------------------------------------
+
+
+def _code(returncode):
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _train_argv():
+    here = os.path.join(os.path.dirname(sys.executable), "train")
+    if os.access(here, os.X_OK):
+        return [here]
+    found = shutil.which("train")
+    return [found] if found else [sys.executable, "-m", "training_toolkit"]
+
+
+def container_command(entry, hps):
+    """`train -- python ENTRY --key value ...` (python: this interpreter)."""
+    args = [a for k, v in hps.items() for a in ("--" + k, v)]
+    program = [sys.executable, entry] if entry.endswith(".py") else ["./" + entry]
+    return _train_argv() + ["--"] + program + args
+
+
+def base_environment(environ, channels, secret):
+    env = {k: v for k, v in environ.items()
+           if k not in _FOREIGN and not k.startswith(_FOREIGN_PREFIXES)}
+    env["TRAINING_TOOLKIT_JOB_SECRET"] = secret
+    if channels:
+        env["TRAINING_TOOLKIT_CHANNELS"] = ",".join("%s=%s" % (k, os.path.abspath(v))
+                                                    for k, v in channels.items())
+    return env
+
+
+def _relay(stream, prefix, out):
+    for line in iter(stream.readline, b""):
+        out.buffer.write(prefix + line)
+        out.flush()
+    stream.close()
+
+
+def _job_trees(job_dir, names):
+    roots = []
+    for name in names:
+        root = os.path.join(job_dir, name)
+        if os.path.exists(os.path.join(root, "input", "config", "resourceconfig.json")):
+            raise UsageError("%s holds a SageMaker job tree (input/config/resourceconfig.json),"
+                             " which would win over the orchestrator: use a fresh --job-dir"
+                             % root)
+        os.makedirs(root, exist_ok=True)
+        from .jobtree import reset_run_state
+
+        reset_run_state(root)
+        roots.append(root)
+    return roots
+
+
+def _host_status(root):
+    import json
+
+    try:
+        with open(os.path.join(root, "output", "status.json")) as f:
+            return json.load(f).get("exit_code")
+    except (OSError, ValueError):
+        return None
+
+
+def run(orchestrator, code_dir, entry, hps, channels, job_dir, hosts, processes_per_host=None,
+        mpi_workers="sshd", launcher_as_worker=False, grace_s=GRACE_S, linger_s=LINGER_S,
+        late_s=LATE_S):
+    """Rehearse the job; returns its verdict (an exit code)."""
+    from .namespaces import pick_subnet
+    from .simcluster import SimCluster
+
+    subnet = pick_subnet(random.SystemRandom())
+    the_plan = plan(orchestrator, hosts, processes_per_host=processes_per_host,
+                    mpi_workers=mpi_workers, launcher_as_worker=launcher_as_worker,
+                    subnet=subnet, late_s=late_s)
+    names = the_plan.names
+    roots = _job_trees(job_dir, names)
+    command = container_command(entry, hps)
+    env = base_environment(os.environ, channels, secrets.token_hex(32))
+    shared = [code_dir, job_dir] + [os.path.abspath(p) for p in channels.values()]
+    # A pod's /root/.ssh is its own (empty, or the MPIJob's Secret); a Slurm
+    # cluster's shared home holds the user's key pair.
+    ssh = True if orchestrator == "slurm" else "empty"
+    cluster = SimCluster(len(names), roots, names=names, aliases=the_plan.aliases(), ssh=ssh,
+                         shared_paths=shared, subnet=subnet)
+    _say('%s "%s" on %d simulated host(s) (namespaces %s-*); each host\'s job tree is '
+         '%s/<host>, at its /opt/ml' % (orchestrator, the_plan.job_name, len(names),
+                                        cluster.prefix, job_dir))
+    with cluster:
+        for pod in the_plan.pods:
+            _say("  %-24s %-15s %s%s" % (pod.name, cluster.address(pod.name),
+                                         pod.role if pod.rank is None
+                                         else "%s, node rank %d" % (pod.role, pod.rank),
+                                         "  (also %s)" % ", ".join(pod.aliases)
+                                         if pod.aliases else ""))
+        _say("container command (in %s): train -- %s"
+             % (code_dir, " ".join(command[command.index("--") + 1:])))
+        if orchestrator == "slurm":
+            return _run_slurm(cluster, the_plan, command, env, code_dir, roots)
+        if orchestrator == "mpijob":
+            _mpijob_files(cluster, the_plan)
+        return _Driver(cluster, the_plan, command, env, code_dir, roots, grace_s,
+                       linger_s).run()
+
+
+def _mpijob_files(cluster, the_plan):
+    """The operator's ConfigMap (the hostfile, on the launcher only, read-only
+    at /etc/mpi) and SSH Secret (id_rsa, id_rsa.pub, authorized_keys in
+    every pod's /root/.ssh, 0600 as root's)."""
+    os.makedirs(MPI_DIR, mode=0o755, exist_ok=True)  # a mount point, left like /opt/ml
+    launcher = the_plan.verdict_pod
+    script = ('mount -t tmpfs -o mode=755,size=1m tmpfs "$0" && cat > "$0/hostfile" && '
+              'chmod 444 "$0/hostfile" && mount -o remount,ro "$0"')
+    r = cluster.run(launcher, ["sh", "-c", script, MPI_DIR], input=the_plan.hostfile, text=True,
+                    capture_output=True, timeout=30, cwd="/")
+    if r.returncode != 0:
+        raise cluster.error("%s: writing %s/hostfile failed: %s" % (launcher, MPI_DIR,
+                                                                    r.stderr.strip()))
+    keys = tempfile.mkdtemp(prefix="tt-mpijob-secret-", dir="/run")
+    try:
+        r = subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "521", "-N", "", "-C",
+                            "mpijob-" + the_plan.job_name, "-f", os.path.join(keys, "id_rsa")],
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            raise cluster.error("ssh-keygen failed: %s" % r.stderr.strip())
+        copy = ('cp "$0/id_rsa" "$0/id_rsa.pub" /root/.ssh/ && '
+                'cp "$0/id_rsa.pub" /root/.ssh/authorized_keys && chmod 600 /root/.ssh/*')
+        for pod in the_plan.pods:
+            r = cluster.run(pod.name, ["sh", "-c", copy, keys], capture_output=True, text=True,
+                            timeout=30, cwd="/")
+            if r.returncode != 0:
+                raise cluster.error("%s: the SSH Secret: %s" % (pod.name, r.stderr.strip()))
+    finally:
+        shutil.rmtree(keys, ignore_errors=True)
+
+
+class _Driver:
+    """Starts the pods in the plan's order and ends them as the orchestrator
+    would; the verdict by its rule."""
+
+    def __init__(self, cluster, the_plan, command, env, code_dir, roots, grace_s, linger_s):
+        self.cluster, self.plan, self.command = cluster, the_plan, command
+        self.env, self.code_dir = env, code_dir
+        self.roots = dict(zip(the_plan.names, roots))
+        self.grace_s, self.linger_s = grace_s, linger_s
+        self.procs, self.exits, self.stopped, self.threads = {}, [], {}, []
+
+    def _start(self, pod):
+        argv = pod.argv or self.command
+        if argv == ["train"]:
+            argv = self.command[:self.command.index("--")]
+        env = dict(self.env, HOSTNAME=pod.name, **pod.env)
+        kw = dict(stdin=subprocess.DEVNULL, start_new_session=True)
+        if pod.argv == SSHD_ARGV:
+            log = open(os.path.join(self.roots[pod.name], "sshd.log"), "wb")
+            proc = self.cluster.popen(pod.name, argv, env=env, cwd="/", stdout=log,
+                                      stderr=subprocess.STDOUT, **kw)
+            log.close()
+        else:
+            proc = self.cluster.popen(pod.name, argv, env=env, cwd=self.code_dir,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+            prefix = ("[%s] " % pod.name).encode()
+            for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+                t = threading.Thread(target=_relay, args=(stream, prefix, out), daemon=True)
+                t.start()
+                self.threads.append(t)
+        self.procs[pod.name] = proc
+        if pod.start_s:
+            _say("started %s (%s), %.1f s after the first" % (pod.name, pod.role, pod.start_s))
+        if pod.argv is not None and self.plan.orchestrator == "mpijob":
+            # as with launcherCreationPolicy WaitForWorkersReady: sshd listening
+            try:
+                self.cluster.wait_listening(pod.name, 22, timeout_s=20.0, proc=proc)
+            except self.cluster.error as e:
+                _say("%s: %s" % (pod.name, e))
+
+    def _signal(self, name, sig):
+        try:
+            self.procs[name].send_signal(sig)
+        except OSError:
+            pass
+
+    def _loop(self):
+        t0 = time.monotonic()
+        pending = self.plan.start_order()
+        end, kill_at = None, None
+        while True:
+            now = time.monotonic()
+            while pending and end is None and now - t0 >= pending[0].start_s:
+                self._start(pending.pop(0))
+            for name, proc in self.procs.items():
+                if name not in dict(self.exits) and proc.poll() is not None:
+                    self.exits.append((name, _code(proc.returncode)))
+            running = [n for n, p in self.procs.items() if n not in dict(self.exits)]
+            if end is None:
+                ended, at_once = job_ended(self.plan, self.exits)
+                if ended:
+                    end = now if at_once else now + self.linger_s
+            if end is not None:
+                if not running:
+                    return
+                if now >= end and kill_at is None:
+                    for name in running:
+                        self.stopped[name] = "SIGTERM"
+                        self._signal(name, signal.SIGTERM)
+                    kill_at = now + self.grace_s
+                elif kill_at is not None and now >= kill_at:
+                    for name in running:
+                        self.stopped[name] = "SIGKILL after %g s" % self.grace_s
+                        self._signal(name, signal.SIGKILL)
+                    kill_at = float("inf")
+            time.sleep(0.05)
+
+    def _stop_all(self, grace_s):
+        running = [n for n, p in self.procs.items() if p.poll() is None]
+        for name in running:
+            self._signal(name, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for name in running:
+            try:
+                self.procs[name].wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+
+    def run(self):
+        try:
+            self._loop()
+        except BaseException as e:
+            _say("%s: deleting the pods (SIGTERM, then SIGKILL) and removing the simulated "
+                 "hosts" % ("interrupted" if isinstance(e, KeyboardInterrupt) else "stopped"))
+            self._stop_all(min(self.grace_s, 10.0))
+            if isinstance(e, KeyboardInterrupt):
+                return 130
+            raise
+        for t in self.threads:
+            t.join(timeout=5)
+        codes = dict(self.exits)
+        for pod in self.plan.pods:
+            if pod.name not in codes:
+                what = "never started (the job had ended)"
+            else:
+                what = "exit code %d" % codes[pod.name]
+                if pod.name in self.stopped:
+                    what += " (stopped by the orchestrator: %s)" % self.stopped[pod.name]
+            _say("%s (%s): %s; job tree %s" % (pod.name, pod.role, what, self.roots[pod.name]))
+        code = verdict(self.plan, self.exits)
+        _say("verdict: %d (%s: %s)" % (code, self.plan.orchestrator, self.plan.rule))
+        return code
+
+
+def _run_slurm(cluster, the_plan, command, env, code_dir, roots):
+    """`srun -N N --ntasks-per-node=1 train -- ...` from the code dir on the
+    first node of a real Slurm (rehearsal/slurm.py) over the hosts."""
+    from .slurm import SlurmCluster
+
+    with SlurmCluster(cluster) as slurm:
+        senv = dict(env, **the_plan.pods[0].env)
+        senv.update(PATH=slurm.env()["PATH"], SLURM_CONF=slurm.conf_path)
+        srun = [shutil.which("srun", path=senv["PATH"]), "-N", str(len(the_plan.pods)),
+                "--ntasks-per-node=1"]
+        _say("on %s: srun -N %d --ntasks-per-node=1 train -- %s"
+             % (the_plan.pods[0].name, len(the_plan.pods),
+                " ".join(command[command.index("--") + 1:])))
+        proc = cluster.popen(the_plan.pods[0].name, srun + command, env=senv, cwd=code_dir,
+                             stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            code = _code(proc.wait())
+        except BaseException:
+            _say("stopped: srun gets SIGTERM (it passes it to the tasks); removing the hosts")
+            proc.terminate()
+            try:
+                proc.wait(timeout=slurm.kill_wait_s + 5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+    for pod, root in zip(the_plan.pods, roots):
+        status = _host_status(root)
+        _say("%s (node %d): %s; job tree %s" % (
+            pod.name, pod.rank, "no status.json" if status is None else "exit code %s" % status,
+            root))
+    _say("verdict: %d (slurm: %s)" % (code, RULES["slurm"]))
+    return code
