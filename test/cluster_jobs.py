@@ -85,9 +85,13 @@ class ClusterJob:
         env.update({k: str(v) for k, v in extra.items()})
         return env
 
-    def start(self, hosts=None, **extra_env):
+    def start(self, hosts=None, argv=(), env_of=None, cwd=None, **extra_env):
+        """Start `train ARGV` on `hosts` (all), each with `extra_env` and, with
+        `env_of(host)`, that host's own variables, in `cwd`."""
         for host in hosts or self.hosts:
-            proc = self.cluster.popen(host, [TRAIN], env=self.env(**extra_env),
+            env = self.env(**extra_env)
+            env.update(env_of(host) if env_of else {})
+            proc = self.cluster.popen(host, [TRAIN, *argv], env=env, cwd=cwd,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             self.runs[host] = HostRun(host, proc)
         return self

@@ -110,14 +110,36 @@ def test_sagemaker_wins_when_its_config_is_there(tmp_path):
     assert json.loads(seen["SM_HOSTS"]) == ["algo-1"] and seen["SM_CURRENT_HOST"] == "algo-1"
 
 
-def test_kubeflow_many_nodes_without_a_roster_is_78_saying_so(tmp_path):
-    # Not built yet: a PyTorchJob names no hosts, and the roster the workers
-    # would report to the master is issue 21's next slice. Refused, not run alone.
-    r, base = run_train(tmp_path, {"PET_NNODES": "2", "PET_NODE_RANK": "1",
-                                   "PET_NPROC_PER_NODE": "1", "MASTER_ADDR": "job-master-0",
-                                   "MASTER_PORT": "23456", "RANK": "1", "WORLD_SIZE": "2"})
+def pytorchjob_worker(**extra):
+    return dict({"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_NPROC_PER_NODE": "1",
+                 "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": "23456",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "23456", "RANK": "1",
+                 "WORLD_SIZE": "2", "TRAINING_TOOLKIT_CONTROL_PORT": "7791"}, **extra)
+
+
+def test_a_kubeflow_worker_whose_master_never_answers_is_79_naming_it(tmp_path):
+    # A PyTorchJob names no hosts: the worker joins the master's roster, and
+    # nothing listens there.
+    r, base = run_train(tmp_path, pytorchjob_worker(TRAINING_TOOLKIT_ROSTER_DEADLINE_S="1"))
+    assert r.returncode == 79, r.stderr.decode()
+    headline = (base / "output" / "failure").read_text().splitlines()[0]
+    assert "127.0.0.1:7791" in headline and "TRAINING_TOOLKIT_ROSTER_DEADLINE_S" in headline
+
+
+def test_a_given_host_list_places_a_kubeflow_node_without_a_roster(tmp_path):
+    r, _ = run_train(tmp_path, pytorchjob_worker(
+        TRAINING_TOOLKIT_HOSTS="job-master-0, job-worker-0", TRAINING_TOOLKIT_RUNNER="process"))
+    assert r.returncode == 0, r.stderr.decode()
+    seen = json.loads(r.stdout.decode().splitlines()[-1])
+    assert (seen["SM_HOSTS"], seen["SM_CURRENT_HOST"], seen["SM_CURRENT_HOST_RANK"]) == (
+        '["job-master-0","job-worker-0"]', "job-worker-0", "1")
+
+
+def test_a_host_list_of_the_wrong_size_is_78_naming_it(tmp_path):
+    r, base = run_train(tmp_path, pytorchjob_worker(TRAINING_TOOLKIT_HOSTS="a,b,c"))
     assert r.returncode == 78, r.stderr.decode()
-    assert "roster" in (base / "output" / "failure").read_text()
+    headline = (base / "output" / "failure").read_text().splitlines()[0]
+    assert "TRAINING_TOOLKIT_HOSTS" in headline and "2 nodes" in headline
 
 
 def test_mounted_channels_become_sm_channel_variables(tmp_path):

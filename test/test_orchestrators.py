@@ -479,7 +479,7 @@ def test_batch_main_and_children():
     assert main == Placement(
         "batch", "ip-10-0-1-17", 0, 3, master_addr="ip-10-0-1-17", default_runner="process",
         job_id="0f1e2d3c-aaaa-bbbb-cccc-0123456789ab", restart_count=0,
-        variables=main.variables)
+        roster_names="address", variables=main.variables)
     child = place(batch_node(2, attempt=2), hostname="ip-10-0-1-40")
     assert (child.node_rank, child.master_addr, child.restart_count) == (2, "10.0.1.17", 1)
     assert child.job_id == main.job_id and child.hosts is None

@@ -63,6 +63,13 @@ RUNNER_ENV = "TRAINING_TOOLKIT_RUNNER"
 PROCESSES_PER_HOST_ENV = "TRAINING_TOOLKIT_PROCESSES_PER_HOST"
 # Channels as mounted directories where there is no inputdataconfig.json.
 CHANNELS_ENV = "TRAINING_TOOLKIT_CHANNELS"
+# The hosts in rank order, where the orchestrator names none (Kubeflow,
+# Batch): `train` sets it from the roster (cluster/roster.py) for the job's
+# processes; a user may set it instead.
+HOSTS_ENV = "TRAINING_TOOLKIT_HOSTS"
+# An orchestrated job's identity (Placement.identity), part of its control
+# key; exported, so that each rank's wrapper derives the same key.
+JOB_IDENTITY_ENV = "TRAINING_TOOLKIT_JOB_IDENTITY"
 
 # Environment overrides.
 PROGRAM_ENV = "SAGEMAKER_PROGRAM"
@@ -79,6 +86,9 @@ JOB_PYTHON_ENV = "TRAINING_TOOLKIT_PYTHON"
 # An AWS CodeArtifact repository every pip install of the job goes through.
 CA_REPOSITORY_ARN_ENV = "CA_REPOSITORY_ARN"
 DEFAULT_GRACE_SECONDS = 110.0
+# Kubernetes, Slurm and Batch give 30 s from SIGTERM to SIGKILL: `train`'s
+# own grace ends inside it, leaving time for its status files.
+ORCHESTRATED_GRACE_SECONDS = 25.0
 MAX_GRACE_SECONDS = 86400  # a day: longer is a mistake, and timers cannot wait forever
 DEFAULT_MASTER_PORT = 7777
 
@@ -93,6 +103,7 @@ S3_TIMEOUT_ENV = "TRAINING_TOOLKIT_S3_TIMEOUT_S"
 PROGRESS_ENV = "TRAINING_TOOLKIT_PROGRESS_S"
 TREE_SPAWN_ENV = "TRAINING_TOOLKIT_MPI_TREE_SPAWN_HOSTS"
 MASTER_PORT_ENV = "SM_MASTER_PORT"
+ROSTER_DEADLINE_ENV = "TRAINING_TOOLKIT_ROSTER_DEADLINE_S"
 SETTINGS = {
     MASTER_PORT_ENV: (int, 1, 65535, DEFAULT_MASTER_PORT),
     GRACE_ENV: (float, 0, MAX_GRACE_SECONDS, DEFAULT_GRACE_SECONDS),
@@ -103,6 +114,8 @@ SETTINGS = {
     S3_TIMEOUT_ENV: (float, 1e-3, None, 60.0),
     PROGRESS_ENV: (float, 1e-3, None, 5.0),
     TREE_SPAWN_ENV: (int, 1, None, 64),
+    # Batch starts a job's children minutes after its main node.
+    ROSTER_DEADLINE_ENV: (float, 0, None, 600.0),
 }
 
 # Names of sagemaker_training.params, for framework toolkits that import them.

@@ -16,8 +16,12 @@ from .errors import CodeNotFoundError, ConfigError, ExecuteUserScriptError
 from .job.checks import check_requirements_file
 from .job.environment import Environment
 from .job.paths import entry_point_path, is_populated
-from .runners import load, load_for, select
+from .runners import RunnerType, load, load_for, select
 from .runners.plan import COMMAND, PYTHON_PACKAGE, entry_kind
+
+
+# The runners that start ranks, each of which an explicit command can be.
+RANK_RUNNERS = (RunnerType.TorchDistributed, RunnerType.MPI, RunnerType.SMDataParallel)
 
 
 def _phase(reporter, name, fn, *args, **kwargs):
@@ -26,6 +30,28 @@ def _phase(reporter, name, fn, *args, **kwargs):
     result = fn(*args, **kwargs)
     reporter.end()
     return result
+
+
+def join_roster(paths, environ, reporter):
+    """Where the orchestrator names no hosts (Kubeflow, Batch), every node's
+    `train` joins the master's, which hands out the hosts in rank order
+    (cluster/roster.py); they go to TRAINING_TOOLKIT_HOSTS in `environ`,
+    where the environment and every process of the job read them. Returns
+    them, or None where no roster is needed (SageMaker, one node, a host
+    list given)."""
+    if os.path.exists(paths.resource_config_file):
+        return None
+    from .job.orchestrators import detect
+
+    placement = detect(environ, paths.resource_config_file)
+    from .cluster import roster
+
+    if not roster.needed(placement, environ):
+        return None
+    with reporter.span("roster"):
+        hosts = roster.exchange(placement, paths.input_config_dir, environ)
+    environ[params.HOSTS_ENV] = ",".join(hosts)
+    return hosts
 
 
 def fetch(env, uri):
@@ -118,12 +144,16 @@ def named_entry_point(env, entry_point):
 def plan(env, entry_point=None, args=None, runner_type=None, env_vars=None, extra_opts=None,
          command=None):
     """The launch plan for this host (pure: nothing is started). An explicit
-    `command` (`train -- COMMAND`) runs as one process, as it is."""
-    if command:
-        from .runners import process
-
-        return process.plan_command(env, command, env_vars)
+    `command` (`train -- COMMAND`) runs as each rank where the job's runner
+    starts ranks (torchrun, MPI, SMDDP), else once as it is."""
     runner_type = runner_type or select(env)
+    if command:
+        if runner_type not in RANK_RUNNERS:
+            from .runners import process
+
+            return process.plan_command(env, command, env_vars)
+        return load(runner_type).plan(env, command[0], [], extra_env=env_vars,
+                                      options=extra_opts or {}, command=command)
     entry_point = named_entry_point(env, entry_point or env.user_entry_point)
     args = env.to_cmd_args() if args is None else list(args)
     return load(runner_type).plan(env, entry_point, args, extra_env=env_vars,

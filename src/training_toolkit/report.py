@@ -134,6 +134,16 @@ class Reporter:
         }
         self.unwritten = {}  # path -> why it could not be written
 
+    def forget_earlier_attempt(self):
+        """An earlier attempt's verdict in this job tree is not this one's
+        (a container restarted in place: Kubernetes' OnFailure, Slurm's
+        requeue): its success and failure files go before anything runs."""
+        for path in (self.paths.success_file, self.paths.failure_file):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass  # none (the usual case), or unwritable: this attempt's verdict says so
+
     def begin(self, name):
         self.status["phases"].append({"name": name, "start": time.time(), "end": None,
                                       "ok": None})

@@ -23,10 +23,13 @@ SUCCESS_CODE = 0
 DEFAULT_FAILURE_CODE = 1
 
 
-def grace_seconds(environ=os.environ):
+def grace_seconds(environ=os.environ, orchestrated=False):
     """SM_TERMINATION_GRACE_SECONDS, checked: the kill timer cannot wait on
     inf or 1e12 (its thread would die, and `train` never kill), and nan or a
-    negative value would kill at once."""
+    negative value would kill at once. Unset under an orchestrator, the
+    grace ends inside its 30 s (params.ORCHESTRATED_GRACE_SECONDS)."""
+    if orchestrated and not environ.get(params.GRACE_ENV, "").strip():
+        return params.ORCHESTRATED_GRACE_SECONDS
     return params.setting(environ, params.GRACE_ENV)
 
 
@@ -37,6 +40,9 @@ STATUS_MARGIN_S = 1.0
 # The console entry (training_toolkit.__main__) blocks these until the
 # handlers are in place: one that comes while `train` starts waits for them.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# "Checkpoint now" (Slurm's --signal, HyperPod): passed on to every rank, the
+# job goes on.
+FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 
 
 def _install_signal_handlers(job):
@@ -53,6 +59,13 @@ def _install_signal_handlers(job):
 
     for signum in STOP_SIGNALS:
         signal.signal(signum, on_signal)
+
+    def forward(signum, _frame):
+        log.info("received %s: passing it on to the job's ranks" % signal.Signals(signum).name)
+        supervisor.forward(signum)
+
+    for signum in FORWARDED_SIGNALS:
+        signal.signal(signum, forward)
 
 
 def call_framework_hook(spec):
@@ -88,18 +101,22 @@ def train(argv=()):
     arguments of `train` (see explicit_command)."""
     paths = JobPaths.from_environ()
     reporter = Reporter(paths)
+    reporter.forget_earlier_attempt()
     supervisor = Supervisor(params.DEFAULT_GRACE_SECONDS)  # the job's own, once checked
     # The one job context: a framework hook's calls (entry_point.run) share it.
     job = context.activate(context.JobContext(paths, reporter, supervisor))
     _install_signal_handlers(job)
     hook = None
     try:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # a pending one is handled here
+        # a pending one is handled here
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS + FORWARDED_SIGNALS)
         reporter.begin("contract")
         command = explicit_command(list(argv))
         params.check_settings(os.environ)
         supervisor.grace_seconds = grace_seconds()
+        pipeline.join_roster(paths, os.environ, reporter)
         env = Environment.read(paths)
+        supervisor.grace_seconds = grace_seconds(orchestrated=env.orchestrator is not None)
         log.set_level(env.log_level)
         reporter.set(host=env.current_host, job_name=env.job_name)
         reporter.end()

@@ -230,6 +230,11 @@ class MasterControl(Ledger):
             self.worker_lost(lost[0])
 
     def _register(self, stream, hello, peer):
+        if "node_rank" in hello:  # a roster join (roster.py) come late: the roster is out
+            self.drops.note(peer, "a roster join from %r after the roster was handed out"
+                            % hello["host"][:80])
+            stream.close()
+            return
         if hello["host"] not in self.workers:
             self.drops.note(peer, "hello from %r, which is not a worker of this job"
                             % hello["host"][:80])
@@ -270,12 +275,18 @@ class MasterControl(Ledger):
             except OSError:
                 pass
 
-    def close(self):
+    def stop_listening(self):
+        """Refuse new connections from now on and free the port: shutdown()
+        wakes the accept() that close() alone would leave listening."""
         self._closed = True
-        try:
-            self._server.close()
-        except OSError:
-            pass
+        for end in (lambda: self._server.shutdown(socket.SHUT_RDWR), self._server.close):
+            try:
+                end()
+            except OSError:
+                pass
+
+    def close(self):
+        self.stop_listening()
         with self._joined:
             links, self.links = list(self.links.values()), {}
         for stream in links:
@@ -294,12 +305,12 @@ class WorkerLink:
         self.drops = DropLog()
 
     @classmethod
-    def connect(cls, master, port, host, key, deadline):
+    def connect(cls, master, port, host, key, deadline, hello=None):
         """Connect (retrying from 50 ms while the master starts), say hello
         and wait for the master's welcome. Returns None if the deadline
         passes (the last error is kept in `last_error`); raises Refused when
         the master hangs up on the hello, which it does when the hosts'
-        keys differ."""
+        keys differ. `hello`: more fields of the hello (the roster's)."""
         cls.last_error = None
         # At most 0.1 s between tries: the job starts only once every worker
         # is connected, so any longer wait adds to its start-up.
@@ -310,8 +321,8 @@ class WorkerLink:
                 _keepalive(sock)
                 stream = Stream(sock, key, TO_MASTER, TO_WORKER, nonce())
                 stream.read_greeting()
-                stream.send({"type": "hello", "host": host,
-                             "nonce": stream.own_nonce.decode()})
+                stream.send(dict(hello or {}, type="hello", host=host,
+                                 nonce=stream.own_nonce.decode()))
                 try:
                     welcome = stream.receive()
                 except Rejected as e:
@@ -355,9 +366,22 @@ def job_key_for(env, environ=None):
     files to derive it from: without TRAINING_TOOLKIT_JOB_SECRET anyone who
     knows the toolkit can derive it too, which is said once, on the master."""
     environ = os.environ if environ is None else environ
-    if env.orchestrator and not environ.get(JOB_SECRET_ENV) and env.is_master:
-        log.warning("%s gives no config to derive the control channel's key from, and %s is "
-                    "unset: the key is a public default, so anyone on the job's network could "
-                    "pose as a host; give every host the same secret in %s "
-                    "(docs/orchestrators.md)" % (env.orchestrator, JOB_SECRET_ENV, JOB_SECRET_ENV))
-    return job_key(env.paths.input_config_dir, environ)
+    if env.orchestrator and env.is_master:
+        warn_if_weak(env.orchestrator, env.job_identity, environ)
+    return job_key(env.paths.input_config_dir, environ, env.job_identity)
+
+
+_warned = []
+
+
+def warn_if_weak(orchestrator, identity, environ):
+    """Say once that, without TRAINING_TOOLKIT_JOB_SECRET, an orchestrated
+    job's key comes from what anyone who sees the job can know."""
+    if environ.get(JOB_SECRET_ENV) or _warned:
+        return
+    _warned.append(True)
+    log.warning("%s gives no config to derive the control channel's key from, and %s is "
+                "unset: the key is derived from the job's identity (%s), so anyone on the "
+                "job's network who knows it could pose as a host; give every host the same "
+                "secret in %s (docs/orchestrators.md)"
+                % (orchestrator, JOB_SECRET_ENV, identity, JOB_SECRET_ENV))

@@ -93,7 +93,7 @@ def main(argv=None):
     key = None
     if address and port:
         config_dir = env.get("SM_INPUT_CONFIG_DIR") or JobPaths.from_environ(env).input_config_dir
-        key = job_key(config_dir, env)
+        key = job_key(config_dir, env, env.get(params.JOB_IDENTITY_ENV))
 
     def report(message):
         if key is not None:
@@ -103,6 +103,8 @@ def main(argv=None):
     supervisor = Supervisor(grace)
     signal.signal(signal.SIGTERM, lambda s, f: supervisor.terminate())
     signal.signal(signal.SIGINT, lambda s, f: supervisor.terminate())
+    for forwarded in (signal.SIGUSR1, signal.SIGUSR2):  # "checkpoint now": the program's
+        signal.signal(forwarded, lambda s, f: supervisor.forward(s))
     proctree.die_with_parent()  # the launcher's end is a SIGTERM here
     report({"type": "rank_start", "rank": rank, "host": host, "pid": os.getpid()})
     tags = {fd: b"[%s,%d]<%s>:" % (host.encode(), rank, name) for fd, name in

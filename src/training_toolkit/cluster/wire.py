@@ -80,10 +80,14 @@ def _shared_resource_config(config):
     return {"hosts": sorted(config.get("hosts") or []), "instance_groups": groups}
 
 
-def job_key(config_dir, environ=None):
-    """The job's 32-byte control key (see the module docstring)."""
+def job_key(config_dir, environ=None, identity=None):
+    """The job's 32-byte control key (see the module docstring). `identity`:
+    what names an orchestrated job alike on every host (Placement.identity),
+    part of the key where it is given."""
     environ = os.environ if environ is None else environ
     parts = [b"training-toolkit control key 1"]
+    if identity:
+        parts.append(identity.encode("utf-8", "surrogateescape"))
     for name in KEYED_CONFIG_FILES:
         parsed, raw = _config_json(os.path.join(config_dir, name))
         parts.append(raw if parsed is None else _canonical(parsed))

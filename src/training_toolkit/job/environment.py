@@ -285,6 +285,10 @@ def _read(paths, environ, resource_config, input_data_config, hyperparameters, d
 
             orchestrated = detect(environ, rc_file)
         if orchestrated is not None:
+            if orchestrated.hosts is None and orchestrated.num_nodes != 1:
+                from .orchestrators import with_roster
+
+                orchestrated = with_roster(orchestrated, environ)
             resource_config = _resource_config_of(orchestrated)
         resource_config = resource_config or {"current_host": LOCAL_HOST, "hosts": [LOCAL_HOST]}
     hosts = checks.check_hosts(resource_config, rc_file, in_rank_order=orchestrated is not None)
@@ -375,6 +379,7 @@ def _read(paths, environ, resource_config, input_data_config, hyperparameters, d
         current_instance_type=instance_type,
         is_master=current_host == master,
         orchestrator=orchestrated.orchestrator if orchestrated is not None else None,
+        job_identity=orchestrated.identity if orchestrated is not None else None,
         master_port=master_port,
         network_interface_name=interface,
         topology=resource_config.get("topology", []),
@@ -419,13 +424,10 @@ def _read(paths, environ, resource_config, input_data_config, hyperparameters, d
 def _resource_config_of(placement):
     """The resourceconfig.json an orchestrator's placement stands for: its
     hosts in the orchestrator's rank order (rank 0, the master, first)."""
-    if placement.hosts is None:  # Kubeflow and Batch name no hosts: the roster is not built yet
-        if placement.num_nodes != 1:
-            raise ConfigError("%s gives %d nodes but no host list, and training-toolkit does not "
-                              "build the roster yet (issue 21); run one node, or set %s=none to "
-                              "run each node alone" % (placement.orchestrator,
-                                                       placement.num_nodes or "some",
-                                                       params.ORCHESTRATOR_ENV),
+    if placement.hosts is None:  # one node alone (the roster gave the others theirs)
+        if placement.num_nodes != 1:  # an MPIJob worker
+            raise ConfigError("%s: `train` on a worker is not built yet (issue 21); run the "
+                              "worker's sshd as the operator does" % placement.orchestrator,
                               field=params.ORCHESTRATOR_ENV)
         return {"current_host": placement.current_host, "hosts": [placement.current_host]}
     if placement.current_host not in placement.hosts:  # an MPIJob launcher apart from its workers
@@ -442,6 +444,8 @@ _ORCHESTRATED_RUNNERS = {"process": "Process", "torchrun": "TorchDistributed", "
 
 
 def _launch_as_orchestrated(placement, job, framework_params):
+    job["extra_exports"] = dict(job["extra_exports"],
+                                **{params.JOB_IDENTITY_ENV: placement.identity})
     if placement.task_per_rank:  # Slurm started every rank: no second launcher
         job["runner"] = "Process"
         # Each task is one rank: what torch.distributed's env:// reads, for

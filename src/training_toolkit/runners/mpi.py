@@ -26,7 +26,7 @@ from ..cluster.verdict import Failure
 from ..errors import ClusterError, ConfigError, MissingProgramError
 from ..job import resources
 from ..supervise import KillTimer
-from .plan import Command, LaunchPlan, PYTHON_PROGRAM, base_env, user_program
+from .plan import Command, LaunchPlan, PYTHON_PROGRAM, base_env, program_cwd, user_program
 
 NAME = "mpi"
 MPI_OPTIONS = (
@@ -153,10 +153,10 @@ def _write_private(path, text):
         f.write(text)
 
 
-def rank_program(env, entry_point, args, prefix=()):
+def rank_program(env, entry_point, args, prefix=(), command=None):
     """A Python program runs under `python -m mpi4py` when mpi4py is there,
     so an uncaught exception aborts the job instead of hanging it."""
-    kind, argv = user_program(env, entry_point, args)
+    kind, argv = user_program(env, entry_point, args, command)
     if kind == PYTHON_PROGRAM and resources.has_module(env.job_python, "mpi4py"):
         argv = argv[:1] + ["-m", "mpi4py"] + argv[1:]
     return list(prefix) + argv
@@ -191,15 +191,18 @@ def mpirun_argv(env, settings, program):
 
 
 def plan(env, entry_point, args, extra_env=None, options=None,
-         custom_key=params.MPI_CUSTOM_OPTIONS, name=NAME, program_prefix=()):
+         custom_key=params.MPI_CUSTOM_OPTIONS, name=NAME, program_prefix=(), command=None):
+    """`command`: an explicit command (`train -- COMMAND`), run as each rank."""
     settings = MpiSettings(env, options, custom_key)
+    settings.cwd = program_cwd(env, command)  # each host's ranks run there
     user_env = base_env(env, extra_env)
     if env.current_host != settings.master:
         return LaunchPlan(name, env.current_host, "worker", None, user_env=user_env,
                           settings=settings, notes=(
             "starts sshd, serves the ranks that the master %s starts here" % settings.master,))
-    argv = mpirun_argv(env, settings, rank_program(env, entry_point, args, program_prefix))
-    return LaunchPlan(name, env.current_host, "master", Command(argv, user_env, env.code_dir),
+    argv = mpirun_argv(env, settings, rank_program(env, entry_point, args, program_prefix,
+                                                   command))
+    return LaunchPlan(name, env.current_host, "master", Command(argv, user_env, settings.cwd),
                       settings=settings,
                       notes=("%d processes on %s" % (settings.total, ", ".join(settings.hosts)),))
 
@@ -240,7 +243,7 @@ class MpiJob:
         full.update(self.user_env)
         full[rank_wrapper.CONTROL_ENV] = report_address
         full[rank_wrapper.RANKS_DIR_ENV] = ranks_dir(self.env)
-        spec = {"env": full, "cwd": self.env.code_dir}
+        spec = {"env": full, "cwd": self.settings.cwd}
         _write_private(env_file(self.env), json.dumps(spec))
 
     def _control_key(self):

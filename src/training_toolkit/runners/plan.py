@@ -103,12 +103,25 @@ def program_argv(code_dir, entry_point, args, python=None, packages=True):
     return [os.path.join(code_dir, entry_point)] + list(args)
 
 
-def user_program(env, entry_point, args):
+def user_program(env, entry_point, args, command=None):
     """(kind, argv) of the user's program in this job, run by the job's
-    interpreter (`env.job_python`)."""
+    interpreter (`env.job_python`); an explicit `command` (`train --
+    COMMAND`) as it is."""
+    if command:
+        return COMMAND, list(command)
     packages = env.code_as_package
     return (entry_kind(env.code_dir, entry_point, packages),
             program_argv(env.code_dir, entry_point, args, env.job_python, packages))
+
+
+def program_cwd(env, command=None):
+    """Where the user's program runs: the code dir; an explicit `command`
+    there too on SageMaker when there is one, and under another orchestrator
+    where `train` started (the job's directory under srun and sbatch, the
+    container's on Kubernetes)."""
+    if command and (env.orchestrator is not None or not os.path.isdir(env.code_dir)):
+        return os.getcwd()
+    return env.code_dir
 
 
 def python_path(env, environ=None):

@@ -2,7 +2,7 @@
 job's shell command, such as an SDK v3 SourceCode.command, run by bash as
 sm_train.sh would)."""
 from ..job import resources
-from .plan import Command, LaunchPlan, base_env, user_program
+from .plan import Command, LaunchPlan, base_env, program_cwd, user_program
 
 NAME = "process"
 
@@ -17,16 +17,10 @@ def plan(env, entry_point, args, extra_env=None, options=None):
 
 
 def plan_command(env, command, extra_env=None):
-    """An explicit command (`train -- COMMAND [ARGS]`), run as it is (found on
-    PATH, never through a shell): on SageMaker from the code dir when there is
-    one; under another orchestrator from where `train` started (the job's
-    directory under srun and sbatch, the container's on Kubernetes)."""
-    import os
-
-    in_code_dir = env.orchestrator is None and os.path.isdir(env.code_dir)
-    cwd = env.code_dir if in_code_dir else os.getcwd()
+    """An explicit command (`train -- COMMAND [ARGS]`), run once as it is
+    (found on PATH, never through a shell), where plan.program_cwd says."""
     return LaunchPlan(NAME, env.current_host, "single",
-                      Command(command, base_env(env, extra_env), cwd),
+                      Command(command, base_env(env, extra_env), program_cwd(env, command)),
                       notes=("an explicit command, instead of the job's entry point",))
 
 

@@ -110,7 +110,7 @@ def resolve_backend(env):
                                                                     DEFAULT_LIBRARY))
 
 
-def plan(env, entry_point, args, extra_env=None, options=None):
+def plan(env, entry_point, args, extra_env=None, options=None, command=None):
     backend = resolve_backend(env)
     multi_host = len(env.distribution_hosts) > 1
     smddp_env = {
@@ -126,7 +126,7 @@ def plan(env, entry_point, args, extra_env=None, options=None):
     prefix = ["smddprun"] if env.is_smddprun_installed else []
     launch = mpi.plan(env, entry_point, args, extra_env=smddp_env, options=options,
                       custom_key=params.SMDDP_CUSTOM_MPI_OPTIONS, name=NAME,
-                      program_prefix=prefix)
+                      program_prefix=prefix, command=command)
     launch.notes += (backend.message,)
     launch.status.update(communication_backend=backend.name, smddp_library=backend.library)
     return launch

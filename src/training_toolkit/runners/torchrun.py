@@ -24,7 +24,7 @@ from ..cluster import rank as rank_wrapper
 from ..cluster.coordination import JobMaster, JobWorker
 from ..errors import ConfigError, MissingProgramError
 from ..job import resources
-from .plan import Command, LaunchPlan, PYTHON_PACKAGE, base_env, user_program
+from .plan import Command, LaunchPlan, PYTHON_PACKAGE, base_env, program_cwd, user_program
 
 NAME = "torchrun"
 MAX_RESTARTS = "sagemaker_torch_distributed_max_restarts"
@@ -93,9 +93,10 @@ def torchrun_argv(settings, program, python):
     return argv + ["--no-python"] + rank_wrapper.command("--tag") + list(program)
 
 
-def plan(env, entry_point, args, extra_env=None, options=None):
+def plan(env, entry_point, args, extra_env=None, options=None, command=None):
+    """`command`: an explicit command (`train -- COMMAND`), run as each rank."""
     settings = TorchrunSettings(env, options)
-    kind, program = user_program(env, entry_point, args)
+    kind, program = user_program(env, entry_point, args, command)
     if kind == PYTHON_PACKAGE:
         program = [env.job_python, "-m"] + program[2:]
     is_master = env.current_host == settings.master
@@ -105,7 +106,7 @@ def plan(env, entry_point, args, extra_env=None, options=None):
     role = "single" if len(settings.hosts) == 1 else ("master" if is_master else "worker")
     return LaunchPlan(NAME, env.current_host, role,
                       Command(torchrun_argv(settings, program, env.job_python), user_env,
-                              env.code_dir),
+                              program_cwd(env, command)),
                       settings=settings,
                       notes=("%d x %d processes; node rank %d" % (
                           len(settings.hosts), settings.per_host, settings.node_rank),))

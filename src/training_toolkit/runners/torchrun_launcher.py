@@ -16,8 +16,12 @@ runs torch.distributed.run's own `main` with ARGS, and differs from
   barrier passed, its error file written. The script flushes its output and
   leaves through os._exit with the status Python would have given: 0, the
   SystemExit code, or 1 after printing the traceback.
+
+And SIGUSR1 and SIGUSR2 ("checkpoint now", which `train` passes on) go to
+the agent's workers, the ranks, instead of ending the agent as they would.
 """
 import os
+import signal
 import socket
 import sys
 import time
@@ -39,7 +43,24 @@ def wait_for_store(address, seconds):
             delay = min(delay * 2, 0.05)
 
 
+def forward_to_children(signum, _frame):
+    """Send `signum` to this process's children (the workers)."""
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as f:
+                ppid = int(f.read().rpartition(b")")[2].split()[1])
+            if ppid == me:
+                os.kill(int(name), signum)
+        except (OSError, ValueError, IndexError):
+            pass  # gone meanwhile
+
+
 def main(argv):
+    for signum in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, forward_to_children)
     # Run as a script, this file's directory (the toolkit's own modules)
     # heads sys.path: none of them may stand in for a module torch imports.
     here = os.path.dirname(os.path.abspath(__file__))

@@ -175,6 +175,18 @@ class Supervisor:
             self.stop(sig, self.grace_seconds)
         return True
 
+    def forward(self, sig):
+        """Send `sig` to the running program alone, not its tree: a launcher
+        passes it on to its ranks its own way (mpirun to every rank, the
+        torchrun launcher and the rank wrapper to their children), so that
+        each rank gets it once."""
+        proc = self.proc
+        if proc is not None:  # not reaped yet, so its pid is still its own
+            try:
+                os.kill(proc.pid, sig)
+            except OSError:
+                pass
+
     def stop(self, sig, grace):
         """Send `sig` to the running tree now and SIGKILL to what is left of
         it after `grace` seconds (the earliest such deadline wins)."""

@@ -18,7 +18,7 @@ from ... import params
 from ...errors import ConfigError
 from .placement import RUNNERS, Placement
 
-__all__ = ("NAMES", "Placement", "claims", "detect", "runner_override")
+__all__ = ("NAMES", "Placement", "claims", "detect", "runner_override", "with_roster")
 
 NAMES = ("sagemaker", "slurm", "pytorchjob", "trainjob", "mpijob", "batch", "none")
 AUTO = "auto"
@@ -118,6 +118,25 @@ def runner_override(environ):
         raise ConfigError("must be one of %s, got %r" % (", ".join(RUNNERS), raw),
                           field=params.RUNNER_ENV)
     return raw.lower()
+
+
+def with_roster(placement, environ):
+    """`placement` (of an orchestrator that names no hosts) with the hosts of
+    TRAINING_TOOLKIT_HOSTS, in rank order: `train` sets it from the roster
+    for the job's processes (cluster/roster.py)."""
+    name = params.HOSTS_ENV
+    raw = (environ.get(name) or "").strip()
+    if not raw:
+        raise ConfigError("is not set, and %s gives %d nodes but no host list: `train` builds "
+                          "the list at start (each node reports to the master) and gives it to "
+                          "the job's processes here; a program started outside `train` needs it "
+                          "set, as host names or addresses in node-rank order, comma-separated"
+                          % (placement.orchestrator, placement.num_nodes), field=name)
+    hosts = [host.strip() for host in raw.split(",")]
+    if len(hosts) != placement.num_nodes or not all(hosts) or len(set(hosts)) != len(hosts):
+        raise ConfigError("must list each of the %d nodes once, in node-rank order, "
+                          "comma-separated; got %r" % (placement.num_nodes, raw), field=name)
+    return placement.with_hosts(hosts)
 
 
 def _hostname_of(hostname):

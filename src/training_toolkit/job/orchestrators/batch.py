@@ -43,4 +43,4 @@ def read(environ, hostname, read_file=None):
         "batch", current, node_rank, num_nodes, master_addr=master,
         processes_per_host=r.processes_per_host(), default_runner=r.runner("process"),
         job_id=job_id, restart_count=None if attempt is None else attempt - 1,
-        variables=r.used)
+        roster_names="address", variables=r.used)

@@ -10,7 +10,13 @@ ROLES = ("launcher", "worker")
 
 FIELDS = ("orchestrator", "hosts", "current_host", "node_rank", "num_nodes", "master_addr",
           "master_port", "processes_per_host", "task_per_rank", "rank", "local_rank",
-          "world_size", "default_runner", "role", "job_id", "restart_count", "variables")
+          "world_size", "default_runner", "role", "job_id", "restart_count", "roster_names",
+          "variables")
+# How the roster names a node where the orchestrator names none: by its host
+# name, qualified with the master address's domain (Kubernetes pods, whose
+# names resolve through their Services), or by the address its connection to
+# the master came from (Batch, whose main node is known by address only).
+ROSTER_NAMES = ("host", "address")
 
 
 class Placement:
@@ -43,6 +49,7 @@ class Placement:
     - ``job_id``: the job's identity, the same on every host, or None.
     - ``restart_count``: how many times the job was restarted before this
       attempt, where the orchestrator says (Slurm, Batch), else None.
+    - ``roster_names``: one of ROSTER_NAMES, where ``hosts`` is None.
     - ``variables``: the environment variables it was derived from, in the
       order read.
     """
@@ -53,14 +60,15 @@ class Placement:
                  master_addr=None, master_port=None, processes_per_host=None,
                  task_per_rank=False, rank=None, local_rank=None, world_size=None,
                  default_runner="process", role=None, job_id=None, restart_count=None,
-                 variables=()):
+                 roster_names="host", variables=()):
         values = dict(orchestrator=orchestrator, hosts=None if hosts is None else tuple(hosts),
                       current_host=current_host, node_rank=node_rank, num_nodes=num_nodes,
                       master_addr=master_addr, master_port=master_port,
                       processes_per_host=processes_per_host, task_per_rank=bool(task_per_rank),
                       rank=rank, local_rank=local_rank, world_size=world_size,
                       default_runner=default_runner, role=role, job_id=job_id,
-                      restart_count=restart_count, variables=tuple(variables))
+                      restart_count=restart_count, roster_names=roster_names,
+                      variables=tuple(variables))
         for name in FIELDS:
             object.__setattr__(self, name, values[name])
 
@@ -75,6 +83,21 @@ class Placement:
         """Whether this host is the job's master: node rank 0, or the MPIJob
         launcher."""
         return self.role == "launcher" if self.role else self.node_rank == 0
+
+    @property
+    def identity(self):
+        """What names this job alike on every host: the orchestrator, its
+        job id and the node count."""
+        return "%s:%s:%s" % (self.orchestrator, self.job_id or "", self.num_nodes or "")
+
+    def with_hosts(self, hosts):
+        """This placement with the roster's `hosts` (rank order): this host is
+        the one at its node rank."""
+        values = self.as_dict()
+        values.update(hosts=tuple(hosts), current_host=hosts[self.node_rank])
+        values = {name: values[name] for name in FIELDS}
+        return Placement(values.pop("orchestrator"), values.pop("current_host"),
+                         values.pop("node_rank"), values.pop("num_nodes"), **values)
 
     def as_dict(self):
         return {name: getattr(self, name) for name in FIELDS}
