@@ -3,7 +3,11 @@ Debian's slurm-wlm 22.05 (slurmctld, one slurmd per host, munge) across two
 SimCluster hosts, and what srun does there before the toolkit's Slurm
 adapter takes part: node names, the task environment (recorded in
 fixtures/slurm/srun-N2-n2.env for the adapters' unit tests), the exit code,
-``-K1`` and ``scancel``; and `train` under srun (issue 21).
+``-K1``, ``scancel`` and ``scancel --signal``; and `train` under srun (issue
+21): torchrun, MPI and task per rank, a failing rank, ``scancel`` (SIGTERM,
+and a rank that ignores it), SIGUSR1 from ``scancel --signal`` and ``srun
+--signal=USR1@``, and ``sbatch --requeue``. Twelve nodes whose names sort
+out of rank order: test_slurm_scale.py.
 
 Needs root and the packages slurmctld, slurmd, slurm-client and munge;
 skipped otherwise, and failed instead with TRAINING_TOOLKIT_REQUIRE_SLURM=1.
@@ -32,6 +36,9 @@ What differs from a production cluster:
   between a job's SIGTERM and its SIGKILL (``MAX(KillWait, 5)`` in its
   ``_rpc_terminate_job``), and srun waits ``KillWait + 2`` s for the step
   after a cancel, so a shorter KillWait would only make srun give up first;
+* the requeue case runs on a cluster of its own with ``AuthInfo=...,
+  cred_expire=5``: a requeued job waits cred_expire seconds before it starts
+  again (production default 120);
 * the shared filesystem is the machine's own: a path outside each node's
   private ``/tmp`` (or one of SimCluster's shared paths) is the same on all
   nodes. Each node's ``/opt/ml`` is its own, and holds an empty ``code/``
@@ -354,6 +361,47 @@ def test_scancel_sends_sigterm_then_sigkill_after_killwait(slurm):
 
 
 @pytest.mark.timeout(120)
+def test_scancel_signal_reaches_every_process_of_the_step_once(slurm):
+    """``scancel --signal=USR1 JOB`` (22.05) signals every process of the
+    job's steps (slurmstepd's proctrack container: here every descendant of
+    the task, production's proctrack/cgroup its cgroup), not just the task:
+    a child in a session of its own gets SIGUSR1 from Slurm, once, with
+    nobody passing it on; so does its parent, the task."""
+    d = _workdir(slurm, "usr1-container")
+    parent = textwrap.dedent("""\
+        import os, signal, subprocess, sys
+        d = sys.argv[1]
+        def note(sig, frame):
+            with open(os.path.join(d, "parent-signals"), "a") as f:
+                f.write("%d\\n" % sig)
+        signal.signal(signal.SIGUSR1, note)
+        child = subprocess.Popen([sys.executable, "-c", sys.argv[2], d], start_new_session=True,
+                                 env=dict(os.environ, RANK="0"))
+        sys.exit(child.wait())
+    """)
+    proc = slurm.srun_popen(["-N1", "-w", "algo-2", sys.executable, "-c", parent, d,
+                             TRAIN_SIGNAL_TASK], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        _wait_file(os.path.join(d, "pid.0"), proc)
+        with open(os.path.join(d, "pid.0")) as f:
+            job_id = f.read().split()[1]
+        cancel = slurm.scancel(["--signal=USR1", job_id])
+        assert cancel.returncode == 0, cancel.stderr
+        _wait_signal(d, [0], signal.SIGUSR1, proc, 20)
+        time.sleep(DUPLICATE_SETTLE_S)
+        with open(os.path.join(d, "stop"), "w"):
+            pass
+        out, err = _communicate(proc, 30, "the stop file")
+    finally:
+        _end(proc)
+    assert proc.returncode == 0, err
+    assert [s for s, _ in _signals(os.path.join(d, "signals.0"))] == [signal.SIGUSR1]
+    with open(os.path.join(d, "parent-signals")) as f:
+        assert f.read().split() == [str(int(signal.SIGUSR1))]
+
+
+@pytest.mark.timeout(120)
 def test_scancel_of_one_step_kills_at_once(slurm):
     """``scancel JOB.STEP`` (22.05) gives the step no grace: SIGKILL, no
     SIGTERM."""
@@ -453,8 +501,10 @@ def test_train_runs_torchrun_across_the_step_nodes(slurm):
     pytest.importorskip("torch")
     proc = _srun_train(slurm, "torchrun", "torchrun", TORCH_SCRIPT)
     assert proc.returncode == 0, (proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:])
-    # No TRAINING_TOOLKIT_JOB_SECRET: the master says its key is a public default, once.
-    assert proc.stderr.count("the key is a public default") == 1, proc.stderr[-3000:]
+    # No TRAINING_TOOLKIT_JOB_SECRET: the master says its key is derived from the
+    # job's identity (which anyone who knows the job can derive too), once.
+    assert proc.stderr.count("the key is derived from the job's identity") == 1, \
+        proc.stderr[-3000:]
     ranks = sorted(line.split("]")[-1].split("<stdout>:")[-1] for line in proc.stdout.splitlines()
                    if "sum 6" in line)
     assert len(ranks) == 4, proc.stdout[-3000:]
@@ -519,16 +569,18 @@ def test_task_per_rank_each_task_is_one_rank(slurm):
 
 # -- stopping `train` under srun: scancel, SIGUSR1, requeue (issue 21) ---------
 
-# A rank of `train -- python t.py` (one per node under the process runner)
-# that notes every SIGTERM, SIGCONT and SIGUSR1 it gets (a line "SIGNUM TIME"
-# in $1/signals.<SLURM_PROCID>) after writing "PID JOBID" to $1/pid.<PROCID>.
-# On SIGTERM it ends (exit 0, as a script that checkpoints and stops), unless
-# ON_TERM=ignore; on SIGUSR1 it carries on. It sleeps until $1/stop appears
-# (then exits 0) or for 300 s.
+# A rank of `train -- python t.py DIR` (one per node under the process
+# runner; DIR may also come as $OUT) that notes every
+# SIGTERM, SIGCONT and SIGUSR1 it gets (a line "SIGNUM TIME" in
+# DIR/signals.<RANK>, RANK being the job's, else SLURM_PROCID) after writing
+# "PID JOBID" to DIR/pid.<RANK>. On SIGTERM it ends (exit 0, as a script that
+# checkpoints and stops), unless ON_TERM=ignore; on SIGUSR1 it carries on. It
+# sleeps until DIR/stop appears (then exits 0) or for 300 s (then 4).
 TRAIN_SIGNAL_TASK = textwrap.dedent("""\
     import os, signal, sys, time
-    d = sys.argv[1]
-    rank = os.environ.get("RANK", os.environ["SLURM_PROCID"])
+    d = sys.argv[1] if len(sys.argv) > 1 else os.environ["OUT"]
+    rank = os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK",
+                                                 os.environ["SLURM_PROCID"]))
     ignore = os.environ.get("ON_TERM") == "ignore"
     def note(sig, frame):
         with open(os.path.join(d, "signals.%s" % rank), "a") as f:
@@ -671,3 +723,261 @@ def test_scancel_a_rank_that_ignores_sigterm_is_killed_within_trains_grace(slurm
     for task in (0, 1):
         assert "task %d: Exited with exit code 137" % task in err, err[-3000:]
     assert "Killed" not in err, err[-3000:]
+
+
+# Known defect (1952a9d): Slurm's own signal reaches every process of the
+# step, so a rank gets SIGUSR1 from slurmstepd and again from `train` (and,
+# under torchrun, from its launcher): 2 to 4 times, or once when Python ran
+# its handler once for two deliveries close together. While True, a rank
+# that got it more than once makes these tests xfail (saying how often),
+# after every other check passed; set it to False once `train` no longer
+# passes on what Slurm delivers itself, and more than once is a failure.
+KNOWN_DUPLICATE_USR1 = True
+
+# After the first SIGUSR1 reached every rank, how long to let a second one
+# (a duplicate: Slurm's and train's both) arrive before the ranks stop. Not
+# an assertion on time: a longer wait only finds more duplicates.
+DUPLICATE_SETTLE_S = 1.5
+
+
+def _wait_signal(d, ranks, signum, proc, timeout_s):
+    """Waits (bounded) until every rank noted `signum`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        missing = [r for r in ranks
+                   if signum not in [s for s, _ in _signals(os.path.join(d, "signals.%d" % r))]]
+        if not missing:
+            return
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail("srun ended (%s) before ranks %s got signal %d:\n%s"
+                        % (proc.returncode, missing, signum, err[-3000:]))
+        if time.monotonic() > deadline:
+            pytest.fail("ranks %s did not get signal %d within %d s" % (missing, signum,
+                                                                      timeout_s))
+        time.sleep(0.05)
+
+
+def _usr1_goes_to_every_rank_once(slurm, name, srun_args, ranks, send, env=None, wait_s=30):
+    """Starts `train` under srun, sends SIGUSR1 with `send(job_id)`, and
+    checks that every rank got it exactly once and nothing else, then lets
+    the ranks end: srun exits 0, as does every node's train."""
+    d, base, proc, pids, job_id = _start_train(slurm, name, srun_args, ranks, env=env)
+    try:
+        send(job_id)
+        _wait_signal(d, pids, signal.SIGUSR1, proc, wait_s)
+        time.sleep(DUPLICATE_SETTLE_S)
+        with open(os.path.join(d, "stop"), "w"):
+            pass
+        out, err = _communicate(proc, 120, "the stop file")
+    finally:
+        _end(proc)
+    assert _no_step_left(slurm, pids.values()) == []
+    # the job carried on: every rank stopped at the stop file, every node exits 0
+    assert proc.returncode == 0, (proc.returncode, err[-3000:])
+    for host in HOSTS:
+        status = _read_status(slurm, host, base)
+        assert status["exit_code"] == 0, (host, status)
+    # SIGUSR1 to every rank, nothing else (SIGCONT, which Slurm may send first, aside)...
+    got = {r: [s for s, _ in _signals(os.path.join(d, "signals.%d" % r)) if s != signal.SIGCONT]
+           for r in pids}
+    assert all(got[r] and set(got[r]) == {signal.SIGUSR1} for r in pids), (got, err[-3000:])
+    # ... and once
+    if KNOWN_DUPLICATE_USR1 and any(len(got[r]) > 1 for r in pids):
+        pytest.xfail("SIGUSR1 more than once (rank: signals): %s. Slurm signals every "
+                     "process of the step itself (test_scancel_signal_reaches_every_process_"
+                     "of_the_step_once), and train passes it on as well" % got)
+    assert got == {r: [signal.SIGUSR1] for r in pids}, (got, err[-3000:])
+
+
+def _scancel_usr1(slurm):
+    def send(job_id):
+        cancel = slurm.scancel(["--signal=USR1", job_id])
+        assert cancel.returncode == 0, cancel.stderr
+    return send
+
+
+@pytest.mark.timeout(180)
+def test_scancel_signal_usr1_reaches_every_rank_once_and_the_job_goes_on(slurm):
+    """`scancel --signal=USR1 JOB` of `srun -N2 --ntasks-per-node=1 train --
+    python t.py` (the process runner): each node's one rank gets SIGUSR1
+    once, carries on, and the job ends 0. Slurm signals every process of
+    the step (proctrack's container), train included; train passes it on to
+    its program only."""
+    _usr1_goes_to_every_rank_once(slurm, "usr1-process", ["-N2", "--ntasks-per-node=1"], 2,
+                                  _scancel_usr1(slurm))
+
+
+@pytest.mark.timeout(180)
+def test_scancel_signal_usr1_reaches_every_rank_once_task_per_rank(slurm):
+    """The same with `srun -N2 --ntasks-per-node=2 train -- python t.py`
+    (task per rank): 4 tasks, each a train running one rank."""
+    _usr1_goes_to_every_rank_once(slurm, "usr1-task-per-rank",
+                                  ["-N2", "--ntasks-per-node=2"], 4, _scancel_usr1(slurm))
+
+
+@pytest.mark.timeout(240)
+def test_scancel_signal_usr1_reaches_every_rank_once_under_torchrun(slurm):
+    """The same with TRAINING_TOOLKIT_RUNNER=torchrun, 2 processes per node:
+    torchrun's launcher passes SIGUSR1 on to its workers; every one of the 4
+    ranks gets it once and the job ends 0."""
+    _usr1_goes_to_every_rank_once(
+        slurm, "usr1-torchrun", ["-N2", "--ntasks-per-node=1"], 4, _scancel_usr1(slurm),
+        env={"TRAINING_TOOLKIT_RUNNER": "torchrun", "TRAINING_TOOLKIT_PROCESSES_PER_HOST": "2"},
+        wait_s=60)
+
+
+@pytest.mark.timeout(240)
+def test_scancel_signal_usr1_reaches_every_rank_once_under_mpi(slurm):
+    """The same with TRAINING_TOOLKIT_RUNNER=mpi, 2 processes per node
+    (mpirun over SSH from the first node): mpirun passes SIGUSR1 on to
+    every rank; each of the 4 gets it once and the job ends 0."""
+    _usr1_goes_to_every_rank_once(
+        slurm, "usr1-mpi", ["-N2", "--ntasks-per-node=1"], 4, _scancel_usr1(slurm),
+        env={"TRAINING_TOOLKIT_RUNNER": "mpi", "TRAINING_TOOLKIT_PROCESSES_PER_HOST": "2"},
+        wait_s=60)
+
+
+@pytest.mark.timeout(240)
+def test_srun_signal_usr1_before_the_time_limit_reaches_every_rank_once(slurm):
+    """`srun -t 2 --signal=USR1@110 train -- python t.py`: slurmctld sends
+    SIGUSR1 once the job is within 110 s of its 2-minute limit (at once,
+    but slurmctld looks every 30 s or so: up to about 60 s late, says
+    srun(1)); every rank gets it once, and the job ends 0 long before the
+    limit. The wait for it is bounded at 90 s."""
+    _usr1_goes_to_every_rank_once(slurm, "usr1-at", ["-N2", "--ntasks-per-node=1", "-t", "2",
+                                                     "--signal=USR1@110"], 2,
+                                  lambda job_id: None, wait_s=90)
+
+
+# -- sbatch --requeue ---------------------------------------------------------
+
+# The batch script: one train per node under srun.
+REQUEUE_BATCH = """#!/bin/bash
+srun --ntasks-per-node=1 %s -- python t.py
+"""
+
+# Every rank writes what attempt it is in (SLURM_RESTART_COUNT, unset on the
+# first) to $OUT/attempt.<restart count>.<RANK>; on the first attempt, rank 1
+# (on algo-2) exits 3 once the group is formed, and fail-fast ends the job
+# with 3 on both nodes. On the next, all-reduce and exit 0.
+REQUEUE_TASK = """import json, os, sys
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+count = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+with open(os.path.join(os.environ["OUT"], "attempt.%d.%d" % (count, dist.get_rank())), "w") as f:
+    json.dump({k: os.environ.get(k) for k in ("SLURM_RESTART_COUNT", "SLURM_JOB_ID",
+                                             "MASTER_PORT", "SLURMD_NODENAME")}, f)
+if count == 0:
+    if dist.get_rank() == 1:
+        sys.exit(3)
+    import time
+    time.sleep(300)
+t = torch.ones(1)
+dist.all_reduce(t)
+assert t.item() == 2, t
+dist.destroy_process_group()
+"""
+
+
+@pytest.fixture(scope="module")
+def slurm_requeue(tmp_path_factory):
+    """Two nodes whose requeued jobs wait 5 s to start again, not Slurm's
+    120 (AuthInfo's cred_expire)."""
+    _check_machine()
+    shared = tmp_path_factory.mktemp("slurm-requeue-shared")
+    with SimCluster(2, _job_roots(tmp_path_factory, 2), shared_paths=[str(shared)]) as sim:
+        holders = {h: sim.holder_pid(h) for h in sim.hosts}
+        cluster = SlurmCluster(sim, kill_wait_s=KILL_WAIT, cred_expire_s=5)
+        with cluster:
+            cluster.shared = str(shared)
+            yield cluster
+        assert _leftovers(cluster, holders) == []
+        assert cluster.step_pids() == []
+
+
+def _job_state(slurm, job_id):
+    show = slurm.scontrol(["show", "job", job_id], timeout=15).stdout
+    fields = dict(item.split("=", 1) for item in show.split() if "=" in item)
+    return fields.get("JobState"), fields.get("ExitCode"), fields.get("Restarts"), show
+
+
+def _wait_state(slurm, job_id, states, timeout_s, restarts_at_least=0):
+    """(JobState, ExitCode, Restarts) once the job is in one of `states`
+    after `restarts_at_least` restarts; bounded."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state, code, restarts, show = _job_state(slurm, job_id)
+        if state in states and int(restarts or 0) >= restarts_at_least:
+            return state, code, restarts
+        if time.monotonic() > deadline:
+            pytest.fail("job %s not %s within %d s:\n%s" % (job_id, "/".join(states), timeout_s,
+                                                           show))
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(300)
+def test_sbatch_requeue_the_next_attempt_starts_clean(slurm_requeue):
+    """`sbatch --requeue` running `srun train -- python t.py` (torchrun, 1
+    process per node):
+    attempt 1 fails (rank 1 exits 3, both nodes end 3); `scontrol requeue`
+    runs it again, where SLURM_RESTART_COUNT is 1 and it succeeds. The same
+    job id gives the same MASTER_PORT (61000 + id % 4536) and the same
+    control port: both rebind, and attempt 2 ends 0. Each node's job tree
+    is attempt 2's: its status.json, `success`, and no `failure` left from
+    attempt 1."""
+    pytest.importorskip("torch")
+    slurm = slurm_requeue
+    d = _workdir(slurm, "requeue")
+    with open(os.path.join(d, "t.py"), "w") as f:
+        f.write(REQUEUE_TASK)
+    script = os.path.join(d, "job.sh")
+    with open(script, "w") as f:
+        f.write(REQUEUE_BATCH % TRAIN)
+    base = "/opt/ml/jobs/requeue"
+    env = {"SAGEMAKER_BASE_DIR": base, "TRAINING_TOOLKIT_RUNNER": "torchrun",
+           "TRAINING_TOOLKIT_PROCESSES_PER_HOST": "1", "OUT": d}
+    proc = slurm.sbatch(["--parsable", "--requeue", "-N2", "--open-mode=append",
+                         "--output=%s/out.%%j" % d, script], cwd=d, env=env)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip().split(";")[0]
+
+    state, code, restarts = _wait_state(slurm, job_id, ("FAILED", "COMPLETED"), 120)
+    log = os.path.join(d, "out." + job_id)
+    assert (state, code, restarts) == ("FAILED", "3:0", "0"), _tail(log)
+    first = {}
+    for host in HOSTS:
+        status = _read_status(slurm, host, base)
+        assert status["exit_code"] == 3, (host, status)
+        assert os.path.exists(_job_tree(slurm, host, base, "output", "failure")), host
+        first[host] = status
+    for rank in (0, 1):
+        with open(os.path.join(d, "attempt.0.%d" % rank)) as f:
+            assert json.load(f)["SLURM_RESTART_COUNT"] in (None, "0")
+
+    requeue = slurm.scontrol(["requeue", job_id])
+    assert requeue.returncode == 0, requeue.stderr
+    state, code, restarts = _wait_state(slurm, job_id, ("FAILED", "COMPLETED"), 120,
+                                        restarts_at_least=1)
+    assert (state, code, restarts) == ("COMPLETED", "0:0", "1"), _tail(log)
+    for rank in (0, 1):
+        with open(os.path.join(d, "attempt.1.%d" % rank)) as f:
+            seen = json.load(f)
+        assert seen["SLURM_RESTART_COUNT"] == "1" and seen["SLURM_JOB_ID"] == job_id, seen
+    for host in HOSTS:
+        status = _read_status(slurm, host, base)
+        assert status["exit_code"] == 0, (host, status)
+        assert status["started"] > first[host]["ended"], (host, status, first[host])
+        assert os.path.exists(_job_tree(slurm, host, base, "output", "success")), host
+        # attempt 1's failure must not survive into attempt 2's verdict
+        assert not os.path.exists(_job_tree(slurm, host, base, "output", "failure")), (
+            host, open(_job_tree(slurm, host, base, "output", "failure")).read()[:300])
+
+
+def _tail(path, lines=40):
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return "(no %s)" % path

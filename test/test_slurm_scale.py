@@ -133,20 +133,18 @@ def test_torchrun_spans_twelve_nodes_with_slurms_node_ranks(slurm12):
     """`srun -N12 --ntasks-per-node=1 train` with TRAINING_TOOLKIT_RUNNER=torchrun
     and one process per node: twelve torchruns, static rendezvous at algo-1,
     each node's rank SLURM_NODEID; the 12 ranks all-reduce (0 + ... + 11 = 66)
-    and every node exits 0. The script is the job's entry point
-    (SAGEMAKER_PROGRAM), as in test_slurm's torchrun case: `train -- COMMAND`
-    runs COMMAND as one process whatever the runner (pipeline.plan)."""
+    and every node exits 0. `train -- python t.py`: torchrun runs the
+    command as each rank."""
     pytest.importorskip("torch")
     d = _workdir(slurm12, "torchrun12")
     with open(os.path.join(d, "t.py"), "w") as f:
         f.write(TORCH_SCRIPT)
     base = "/opt/ml/jobs/torchrun12"
-    env = {"SAGEMAKER_BASE_DIR": base, "SAGEMAKER_PROGRAM": "t.py",
-           "SAGEMAKER_SUBMIT_DIRECTORY": d, "TRAINING_TOOLKIT_RUNNER": "torchrun",
+    env = {"SAGEMAKER_BASE_DIR": base, "TRAINING_TOOLKIT_RUNNER": "torchrun",
            "TRAINING_TOOLKIT_PROCESSES_PER_HOST": "1", "OUT": d,
            "OMP_NUM_THREADS": "1"}  # 12 ranks on 2 CPUs
-    proc = _srun(slurm12, ["-N%d" % N, "--ntasks-per-node=1", TRAIN], cwd=d, env=env,
-                 timeout=540)
+    proc = _srun(slurm12, ["-N%d" % N, "--ntasks-per-node=1", TRAIN, "--", "python", "t.py"],
+                 cwd=d, env=env, timeout=540)
     assert proc.returncode == 0, (proc.returncode, proc.stdout[-3000:], proc.stderr[-6000:])
     ranks = {}
     for rank in range(N):

@@ -156,6 +156,9 @@ class SlurmCluster(stale.SingleUse):
     waits ``KillWait + 2`` s for the step after a cancel, so below 5 srun
     gives up (and exits 0) before the SIGKILL: 5 is the shortest useful.
     ``controller``: None for the bridge namespace, or a host name.
+    ``cred_expire_s``: ``AuthInfo``'s ``cred_expire``, the lifetime of a
+    step's credential, which is also how long a requeued job waits before
+    it can start again (Slurm's default, None here, is 120 s).
     ``extra_conf``: more ``slurm.conf`` lines, appended (a later line wins).
     ``ready_timeout_s``: bound on the wait for every node to be idle.
     """
@@ -164,7 +167,7 @@ class SlurmCluster(stale.SingleUse):
     kind = 'Slurm cluster'
 
     def __init__(self, simcluster, cpus=2, kill_wait_s=5, controller=None, extra_conf=(),
-                 ready_timeout_s=60.0, debug="info"):
+                 ready_timeout_s=60.0, debug="info", cred_expire_s=None):
         super().__init__()
         self.sim = simcluster
         self.hosts = list(simcluster.hosts)
@@ -174,6 +177,7 @@ class SlurmCluster(stale.SingleUse):
         self.controller = controller
         self.cpus = int(cpus)
         self.kill_wait_s = int(kill_wait_s)
+        self.cred_expire_s = None if cred_expire_s is None else int(cred_expire_s)
         self.extra_conf = list(extra_conf)
         self.ready_timeout_s = float(ready_timeout_s)
         self.debug = debug
@@ -221,7 +225,8 @@ class SlurmCluster(stale.SingleUse):
             "SlurmdUser=root",
             "AuthType=auth/munge",
             "CredType=cred/munge",
-            "AuthInfo=socket=%s" % self.munge_socket,
+            "AuthInfo=socket=%s%s" % (self.munge_socket, "" if self.cred_expire_s is None
+                                      else ",cred_expire=%d" % self.cred_expire_s),
             "StateSaveLocation=%s" % os.path.join(d, "state"),
             "SlurmctldPidFile=%s" % os.path.join(d, "slurmctld.pid"),
             "SlurmctldLogFile=%s" % os.path.join(d, "log", "slurmctld.log"),
