@@ -498,19 +498,10 @@ def test_slurm_a_failing_node_is_sruns_code(slurm_machine, tmp_path):
     assert run.code == max(run.results.values()), run.why()  # the highest task code
 
 
-MPI_NOT_BUILT = pytest.mark.xfail(strict=True, reason="MPIJob launcher apart from its hosts "
-                                  "(bare sshd workers) not built yet")
-TRAIN_WORKER_NOT_BUILT = pytest.mark.xfail(strict=True, reason="`train` on an MPIJob worker "
-                                           "(sshd, then the verdict) not built yet")
-
-
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("workers", [pytest.param("sshd", marks=MPI_NOT_BUILT),
-                                     pytest.param("train", marks=TRAIN_WORKER_NOT_BUILT)])
+@pytest.mark.parametrize("workers", ["sshd", "train"])
 def test_mpijob_ranks_run_on_the_workers_in_hostfile_order(machine, tmp_path, workers):
-    # `train` workers that start no sshd leave mpirun retrying: a shorter bound
-    run = _rehearse(tmp_path, "mpijob", 2, extra=["--mpi-workers", workers],
-                    timeout=240 if workers == "sshd" else 90)
+    run = _rehearse(tmp_path, "mpijob", 2, extra=["--mpi-workers", workers])
     assert [p["name"] for p in run.pods] == ["pi-launcher", "pi-worker-0", "pi-worker-1"]
     assert run.code == 0, run.why()
     ranks = sorted((int(s["OMPI_COMM_WORLD_RANK"]), s["hostname"], s["OMPI_COMM_WORLD_SIZE"])
@@ -518,15 +509,16 @@ def test_mpijob_ranks_run_on_the_workers_in_hostfile_order(machine, tmp_path, wo
     assert ranks == [(0, "pi-worker-0", "2"), (1, "pi-worker-1", "2")], run.why()
 
 
-@MPI_NOT_BUILT
 @pytest.mark.timeout(300)
-def test_mpijob_a_failing_rank_is_the_launchers_code(machine, tmp_path):
-    run = _rehearse(tmp_path, "mpijob", 2, fail={"pi-worker-1": 3})
+@pytest.mark.parametrize("workers", ["sshd", "train"])
+def test_mpijob_a_failing_rank_is_the_launchers_code(machine, tmp_path, workers):
+    run = _rehearse(tmp_path, "mpijob", 2, fail={"pi-worker-1": 3},
+                    extra=["--mpi-workers", workers])
     assert run.code == 3 and run.results["pi-launcher"] == 3, run.why()
+    if workers == "train":  # each worker's `train` heard the verdict and ends with it
+        assert run.results["pi-worker-0"] == run.results["pi-worker-1"] == 3, run.why()
 
 
-@pytest.mark.xfail(strict=True, reason="the launcher in its hostfile by FQDN is taken for a "
-                   "launcher apart from its hosts (job/environment.py compares the short name)")
 @pytest.mark.timeout(300)
 def test_mpijob_launcher_as_worker_alone(machine, tmp_path):
     run = _rehearse(tmp_path, "mpijob", 1, extra=["--mpi-launcher-as-worker"])
@@ -535,8 +527,7 @@ def test_mpijob_launcher_as_worker_alone(machine, tmp_path):
 
 
 def test_mpijob_hostfile_and_secret_are_where_the_operator_puts_them(machine, tmp_path):
-    """Today's launcher refuses (78, not built); what it was given is the
-    operator's: the read-only hostfile at /etc/mpi, the Secret's keys, the
+    """What the launcher is given is the operator's: the read-only hostfile at /etc/mpi, the Secret's keys, the
     workers' sshd reachable by FQDN with them, and the launcher's code as the
     verdict while the workers are deleted."""
     probe = tmp_path / "probe.py"

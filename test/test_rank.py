@@ -77,3 +77,36 @@ def test_user_modules_cannot_shadow_what_the_wrapper_imports(tmp_path):
                        capture_output=True, timeout=60)
     assert r.returncode == 0, r.stderr.decode()
     assert r.stdout == b"[localhost,3]<stdout>:%s\n" % str(tmp_path).encode()
+
+
+def test_own_host_makes_the_launchers_variables_this_hosts():
+    # An MPIJob's ranks get the launcher's variables from mpirun (-x); each
+    # takes its own host's place in them by its host name.
+    import json
+
+    hosts = ["pi-launcher", "pi-worker-0.pi.default.svc", "pi-worker-1.pi.default.svc"]
+    env = {"SM_HOSTS": json.dumps(hosts), "SM_CURRENT_HOST": "pi-launcher",
+           "SM_CURRENT_HOST_RANK": "0", "SM_NUM_GPUS": "0",
+           "SM_TRAINING_ENV": json.dumps({"current_host": "pi-launcher", "is_master": True,
+                                          "hosts": hosts}),
+           "SM_RESOURCE_CONFIG": json.dumps({"current_host": "pi-launcher", "hosts": hosts})}
+    got = rank.own_host_env(env, "pi-worker-1")
+    assert (got["SM_CURRENT_HOST"], got["SM_CURRENT_HOST_RANK"]) == (hosts[2], "2")
+    training_env = json.loads(got["SM_TRAINING_ENV"])
+    assert (training_env["current_host"], training_env["current_host_rank"],
+            training_env["is_master"]) == (hosts[2], 2, False)
+    assert json.loads(got["SM_RESOURCE_CONFIG"])["current_host"] == hosts[2]
+    assert rank.own_host_env(env, "elsewhere") == env  # no match: as it is
+
+
+def test_the_master_knows_a_worker_by_its_name_without_the_domain():
+    from training_toolkit.cluster.control import MasterControl
+
+    control = MasterControl(0, [], b"k" * 32, optional=["pi-worker-0.pi.default.svc",
+                                                       "pi-worker-1.pi.default.svc"])
+    try:
+        assert control._known("pi-worker-1") == "pi-worker-1.pi.default.svc"
+        assert control._known("pi-worker-1.pi.default.svc") == "pi-worker-1.pi.default.svc"
+        assert control._known("pi-worker-2") is None
+    finally:
+        control.close()

@@ -725,15 +725,11 @@ def test_scancel_a_rank_that_ignores_sigterm_is_killed_within_trains_grace(slurm
     assert "Killed" not in err, err[-3000:]
 
 
-# Known defect (1952a9d): Slurm's own signal reaches every process of the
-# step, so a rank gets SIGUSR1 from slurmstepd and again from `train` (and,
-# under torchrun, from its launcher): 2 to 4 times, or once when Python ran
-# its handler once for two deliveries close together. While True, a rank
-# that got it more than once makes these tests xfail (saying how often),
-# after every other check passed; set it to False once `train` no longer
-# passes on what Slurm delivers itself, and more than once is a failure.
-KNOWN_DUPLICATE_USR1 = True
-
+# Slurm signals every process of the step itself
+# (test_scancel_signal_reaches_every_process_of_the_step_once): `train`, the
+# torchrun launcher and the rank wrapper pass SIGUSR1 on only where Slurm
+# does not reach (a rank under mpirun's orted on another node); once more
+# would be a duplicate.
 # After the first SIGUSR1 reached every rank, how long to let a second one
 # (a duplicate: Slurm's and train's both) arrive before the ranks stop. Not
 # an assertion on time: a longer wait only finds more duplicates.
@@ -783,10 +779,6 @@ def _usr1_goes_to_every_rank_once(slurm, name, srun_args, ranks, send, env=None,
            for r in pids}
     assert all(got[r] and set(got[r]) == {signal.SIGUSR1} for r in pids), (got, err[-3000:])
     # ... and once
-    if KNOWN_DUPLICATE_USR1 and any(len(got[r]) > 1 for r in pids):
-        pytest.xfail("SIGUSR1 more than once (rank: signals): %s. Slurm signals every "
-                     "process of the step itself (test_scancel_signal_reaches_every_process_"
-                     "of_the_step_once), and train passes it on as well" % got)
     assert got == {r: [signal.SIGUSR1] for r in pids}, (got, err[-3000:])
 
 

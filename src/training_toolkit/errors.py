@@ -238,6 +238,8 @@ class _CalledProcessError(ClientError):
         cmd = _masked(self.cmd)
         if isinstance(cmd, (list, tuple)):
             cmd = " ".join(str(part) for part in cmd)
+        if not cmd:  # a host that ran none of the ranks itself (an MPI worker)
+            return "%s%s" % (how, where)
         return "%s%s: %s" % (how, where, one_line(cmd))
 
     def __str__(self):

@@ -192,8 +192,9 @@ def launch(env, supervisor, reporter, entry_point=None, args=None, runner_type=N
     outcome = _phase(reporter, "run", runner.run, launch_plan, supervisor, env, reporter)
     if outcome.exit_code != 0 or outcome.terminated_by_us:
         code = outcome.exit_code or 143  # stopped by SIGTERM counts as a failure
-        raise ExecuteUserScriptError(list(launch_plan.command.argv) if launch_plan.command
-                                     else [entry_point] + args, code, outcome.stderr_tail,
+        ran = (list(launch_plan.command.argv) if launch_plan.command
+               else [entry_point] + args if entry_point else [])
+        raise ExecuteUserScriptError(ran, code, outcome.stderr_tail,
                                      where=outcome.where)
     return outcome
 

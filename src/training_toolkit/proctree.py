@@ -408,6 +408,32 @@ def alive(pid):
     return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] != b"Z"
 
 
+def descends_from(name, pid=None):
+    """Whether a process named `name` (its comm) is an ancestor of `pid`
+    (this process)."""
+    pid = os.getpid() if pid is None else pid
+    seen = set()
+    while pid > 1 and pid not in seen:
+        seen.add(pid)
+        try:
+            with open("/proc/%d/stat" % pid, "rb") as f:
+                stat = f.read()
+        except OSError:
+            return False
+        comm = stat[stat.find(b"(") + 1:stat.rfind(b")")]
+        if pid != os.getpid() and comm.decode("utf-8", "replace") == name:
+            return True
+        pid = int(stat[stat.rfind(b")") + 2:].split()[1])
+    return False
+
+
+def signalled_by_slurm():
+    """Whether Slurm signals this process itself: it runs in a step (under a
+    slurmstepd), whose every process gets scancel's and --signal's signals,
+    so passing one on would deliver it twice."""
+    return descends_from("slurmstepd")
+
+
 def kill_tree(pid, sig):
     """Send `sig` to `pid` and its descendants (for trees that are not ours,
     such as sshd or a rank started by orted)."""

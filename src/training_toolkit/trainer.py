@@ -8,7 +8,7 @@ import signal
 import sys
 import time
 
-from . import context, log, params, pipeline
+from . import context, log, params, pipeline, proctree
 from .errors import (ClientError, FrameworkError, InternalError, OutputWriteError, ToolkitError,
                      UsageError)
 from .job.environment import Environment
@@ -61,6 +61,8 @@ def _install_signal_handlers(job):
         signal.signal(signum, on_signal)
 
     def forward(signum, _frame):
+        if proctree.signalled_by_slurm():  # the ranks of this step got it from Slurm too
+            return
         log.info("received %s: passing it on to the job's ranks" % signal.Signals(signum).name)
         supervisor.forward(signum)
 

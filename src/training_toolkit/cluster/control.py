@@ -142,15 +142,16 @@ class MasterControl(Ledger):
     workers), admits and authenticates each connection, registers the
     workers, and enters every report in the job's ledger, which it is."""
 
-    def __init__(self, port, workers, key):
+    def __init__(self, port, workers, key, optional=()):
         super().__init__()
         self.workers = set(workers)
+        self.optional = set(optional) - self.workers  # may join; not waited for
         self.key = key
         self.links = {}          # worker host -> its Stream
         self.drops = DropLog()
         self._joined = threading.Condition()  # around `links`
         self._unauthenticated = threading.BoundedSemaphore(MAX_UNAUTHENTICATED)
-        address = "" if self.workers else "127.0.0.1"
+        address = "" if self.workers or self.optional else "127.0.0.1"
         self._server = socket.create_server((address, port), reuse_port=False, backlog=128)
         self.port = self._server.getsockname()[1]
         self._closed = False
@@ -235,15 +236,26 @@ class MasterControl(Ledger):
                             % hello["host"][:80])
             stream.close()
             return
-        if hello["host"] not in self.workers:
+        host = self._known(hello["host"])
+        if host is None:
             self.drops.note(peer, "hello from %r, which is not a worker of this job"
                             % hello["host"][:80])
             return
         stream.peer_nonce = hello["nonce"].encode()
         with self._joined:
-            self.links[hello["host"]] = stream
+            self.links[host] = stream
             self._joined.notify_all()
         stream.send({"type": "welcome"})
+
+    def _known(self, host):
+        """The worker `host` names: itself, or the one host whose name
+        without its domain it is (an MPIJob worker knows its pod name, the
+        hostfile its FQDN)."""
+        known = self.workers | self.optional
+        if host in known:
+            return host
+        matches = [h for h in known if h.partition(".")[0] == host]
+        return matches[0] if len(matches) == 1 else None
 
     def _handle(self, message):
         """Enter an authentic, valid report in the ledger."""

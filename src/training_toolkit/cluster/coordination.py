@@ -55,13 +55,17 @@ def outcome_from(message, terminated):
 class JobMaster:
     """The master host's side."""
 
-    def __init__(self, port, workers, stop_local, key, reporter):
+    def __init__(self, port, workers, stop_local, key, reporter, optional=()):
+        """`workers`: the hosts whose `train` the job waits for; `optional`:
+        hosts whose `train` may join, or not (an MPIJob's workers, which run
+        the operator's bare sshd unless given `train`), to hear the verdict."""
         self.workers = list(workers)
         self.stop_local = stop_local
         self.reporter = reporter
         self.learned_at = None  # when this host first knew how the job ends
         # Alone, take any free port: two local jobs on one machine must not clash.
-        self.control = control.MasterControl(port if self.workers else 0, self.workers, key)
+        alone = not self.workers and not optional
+        self.control = control.MasterControl(0 if alone else port, self.workers, key, optional)
 
     def report_address(self):
         """Where this host's ranks report: `address:port`."""

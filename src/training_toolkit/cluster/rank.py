@@ -28,6 +28,7 @@ import sys
 
 CONTROL_ENV = "TRAINING_TOOLKIT_CONTROL"    # master address:port for reports
 RANKS_DIR_ENV = "TRAINING_TOOLKIT_RANKS_DIR"  # where this host's rank pids go
+CWD_ENV = "TRAINING_TOOLKIT_RANK_CWD"  # with --own-host: where the program runs
 REPORTED_TAIL = 8 * 1024
 
 
@@ -53,25 +54,60 @@ def rank_of(environ):
 
 
 def parse(argv):
-    """-> (env file or None, tag output?, program) ; program None on bad usage."""
-    env_file, tag = None, False
+    """-> (env file or None, tag output?, own host?, program); program None
+    on bad usage."""
+    env_file, tag, own_host = None, False, False
     while argv and argv[0] != "--":
         if argv[0] == "--env-file" and len(argv) > 1:
             env_file, argv = argv[1], argv[2:]
         elif argv[0] == "--tag":
             tag, argv = True, argv[1:]
+        elif argv[0] == "--own-host":
+            own_host, argv = True, argv[1:]
         else:
-            return None, False, None
+            return None, False, False, None
     if len(argv) < 2:
-        return None, False, None
-    return env_file, tag, argv[1:]
+        return None, False, False, None
+    return env_file, tag, own_host, argv[1:]
+
+
+def own_host_env(env, hostname):
+    """The launcher's variables (an MPIJob's, which mpirun carries to every
+    rank: its workers run the operator's sshd, not `train`) made this host's:
+    the current host is the one of SM_HOSTS that `hostname` names (with or
+    without its domain), with its rank, CPUs and GPUs; `env` as it is when
+    none or several match."""
+    try:
+        hosts = json.loads(env.get("SM_HOSTS") or "[]")
+    except ValueError:
+        return env
+    short = hostname.partition(".")[0]
+    matches = [h for h in hosts if h == hostname or h.partition(".")[0] == short]
+    if len(matches) != 1:
+        return env
+    from ..job import resources
+
+    own = {"current_host": matches[0], "current_host_rank": hosts.index(matches[0]),
+           "num_cpus": resources.num_cpus(), "num_gpus": resources.num_gpus(),
+           "is_master": False}
+    env = dict(env, **{"SM_%s" % k.upper(): str(v) for k, v in own.items() if k != "is_master"})
+    for name, fields in (("SM_TRAINING_ENV", own), ("SM_RESOURCE_CONFIG",
+                                                    {"current_host": matches[0]})):
+        try:
+            value = json.loads(env.get(name) or "")
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            value.update(fields)
+            env[name] = json.dumps(value)
+    return env
 
 
 def main(argv=None):
-    env_file, tag, program = parse(sys.argv[1:] if argv is None else argv)
+    env_file, tag, own_host, program = parse(sys.argv[1:] if argv is None else argv)
     if program is None:
-        print("usage: python -m training_toolkit.rank [--env-file F] [--tag] -- PROGRAM [ARGS]",
-              file=sys.stderr)
+        print("usage: python -m training_toolkit.rank [--env-file F] [--tag] [--own-host] -- "
+              "PROGRAM [ARGS]", file=sys.stderr)
         return 64
     env = dict(os.environ)
     cwd = None
@@ -80,6 +116,11 @@ def main(argv=None):
             spec = json.load(f)
         env.update(spec["env"])
         cwd = spec.get("cwd")
+    if own_host:
+        import socket
+
+        env = own_host_env(env, socket.gethostname())
+        cwd = env.get(CWD_ENV) or None
     rank = rank_of(os.environ)
     host = env.get("SM_CURRENT_HOST", "localhost")
     address, _, port = env.get(CONTROL_ENV, "").rpartition(":")
@@ -103,8 +144,10 @@ def main(argv=None):
     supervisor = Supervisor(grace)
     signal.signal(signal.SIGTERM, lambda s, f: supervisor.terminate())
     signal.signal(signal.SIGINT, lambda s, f: supervisor.terminate())
-    for forwarded in (signal.SIGUSR1, signal.SIGUSR2):  # "checkpoint now": the program's
-        signal.signal(forwarded, lambda s, f: supervisor.forward(s))
+    for forwarded in (signal.SIGUSR1, signal.SIGUSR2):  # "checkpoint now": the program's,
+        # unless Slurm signals the program itself (this rank runs in its step)
+        signal.signal(forwarded, lambda s, f: proctree.signalled_by_slurm()
+                      or supervisor.forward(s))
     proctree.die_with_parent()  # the launcher's end is a SIGTERM here
     report({"type": "rank_start", "rank": rank, "host": host, "pid": os.getpid()})
     tags = {fd: b"[%s,%d]<%s>:" % (host.encode(), rank, name) for fd, name in
@@ -114,8 +157,11 @@ def main(argv=None):
     pid_file = None
     if env.get(RANKS_DIR_ENV):
         pid_file = os.path.join(env[RANKS_DIR_ENV], "%d.pid" % rank)
-        with open(pid_file, "w") as f:
-            f.write("%d %d\n" % (os.getpid(), proc.pid))
+        try:
+            with open(pid_file, "w") as f:
+                f.write("%d %d\n" % (os.getpid(), proc.pid))
+        except OSError:  # no `train` on this host (an MPIJob's bare sshd worker) to read it
+            pid_file = None
     outcome = supervisor.wait()
     tail = outcome.stderr_tail[-REPORTED_TAIL:].decode("utf-8", "replace")
     report({"type": "rank_exit", "rank": rank, "host": host, "exit_code": outcome.exit_code,

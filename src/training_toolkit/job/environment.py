@@ -285,7 +285,8 @@ def _read(paths, environ, resource_config, input_data_config, hyperparameters, d
 
             orchestrated = detect(environ, rc_file)
         if orchestrated is not None:
-            if orchestrated.hosts is None and orchestrated.num_nodes != 1:
+            if orchestrated.hosts is None and orchestrated.role is None and \
+                    orchestrated.num_nodes > 1:  # the roster's hosts (cluster/roster.py)
                 from .orchestrators import with_roster
 
                 orchestrated = with_roster(orchestrated, environ)
@@ -346,6 +347,10 @@ def _read(paths, environ, resource_config, input_data_config, hyperparameters, d
         entry_point_path(code_dir, entry_point, *job["entry_point_source"])
 
     placement = _placement(paths, resource_config, hosts, framework_params, distributes)
+    if orchestrated is not None and orchestrated.role == "launcher" and \
+            orchestrated.current_host not in orchestrated.hosts:
+        # The launcher runs mpirun, and the ranks run on the hostfile's hosts.
+        placement["distribution_hosts"] = list(orchestrated.hosts)
     if framework_params.get(params.MPI_PROCESSES_PER_HOST):  # checked before any fetch
         resources.processes_per_host(framework_params[params.MPI_PROCESSES_PER_HOST], hp_file)
     # Distributed runners run on the hosts of the distribution instance groups;
@@ -424,18 +429,18 @@ def _read(paths, environ, resource_config, input_data_config, hyperparameters, d
 def _resource_config_of(placement):
     """The resourceconfig.json an orchestrator's placement stands for: its
     hosts in the orchestrator's rank order (rank 0, the master, first)."""
+    current = placement.current_host
+    if placement.role == "worker":  # an MPIJob worker: its launcher runs the job
+        if not placement.master_addr:
+            raise ConfigError("is worker, but this host's name (%s) is not <job>-worker-<i>, so "
+                              "its launcher <job>-launcher is unknown" % current,
+                              field="K_MPI_JOB_ROLE")
+        return {"current_host": current, "hosts": [placement.master_addr, current]}
     if placement.hosts is None:  # one node alone (the roster gave the others theirs)
-        if placement.num_nodes != 1:  # an MPIJob worker
-            raise ConfigError("%s: `train` on a worker is not built yet (issue 21); run the "
-                              "worker's sshd as the operator does" % placement.orchestrator,
-                              field=params.ORCHESTRATOR_ENV)
-        return {"current_host": placement.current_host, "hosts": [placement.current_host]}
-    if placement.current_host not in placement.hosts:  # an MPIJob launcher apart from its workers
-        raise ConfigError("%s: this host (%s) runs no rank of %s, and a launcher apart from its "
-                          "hosts is not built yet (issue 21)"
-                          % (placement.orchestrator, placement.current_host,
-                             ", ".join(placement.hosts)), field=params.ORCHESTRATOR_ENV)
-    return {"current_host": placement.current_host, "hosts": list(placement.hosts)}
+        return {"current_host": current, "hosts": [current]}
+    if current not in placement.hosts:  # an MPIJob launcher apart from its workers: rank 0
+        return {"current_host": current, "hosts": [current] + list(placement.hosts)}
+    return {"current_host": current, "hosts": list(placement.hosts)}
 
 
 # The runner each orchestrator's own launcher semantics ask for, when the job
@@ -446,6 +451,8 @@ _ORCHESTRATED_RUNNERS = {"process": "Process", "torchrun": "TorchDistributed", "
 def _launch_as_orchestrated(placement, job, framework_params):
     job["extra_exports"] = dict(job["extra_exports"],
                                 **{params.JOB_IDENTITY_ENV: placement.identity})
+    if placement.role == "worker":  # an MPIJob worker serves the launcher's ranks
+        job["needs_entry_point"] = False
     if placement.task_per_rank:  # Slurm started every rank: no second launcher
         job["runner"] = "Process"
         # Each task is one rank: what torch.distributed's env:// reads, for

@@ -162,7 +162,7 @@ def rank_program(env, entry_point, args, prefix=(), command=None):
     return list(prefix) + argv
 
 
-def mpirun_argv(env, settings, program):
+def mpirun_argv(env, settings, program, carried=None):
     iface = settings.interface
     if len(settings.hosts) == 1:
         # One host: every rank is local; mpirun must not ssh to our own name,
@@ -186,8 +186,38 @@ def mpirun_argv(env, settings, program):
         known_hosts_file(env), ssh_control_dir(env), first_contact=settings.tree_spawn))]
     argv += ["-x", "NCCL_SOCKET_IFNAME=%s" % iface]
     argv += settings.custom
-    argv += rank_wrapper.command("--env-file", env_file(env))
+    if carried is None:
+        argv += rank_wrapper.command("--env-file", env_file(env))
+    else:
+        # By name only: the values (hyperparameters among them) stay out of
+        # argv, logs and status.json; mpirun takes them from its environment.
+        for name in sorted(carried):
+            argv += ["-x", name if name != "LD_PRELOAD" else "%s=%s" % (name, carried[name])]
+        argv += rank_wrapper.command("--own-host")
     return argv + list(program)
+
+
+def operator_launched(env):
+    """Whether an MPI operator runs this job (an MPIJob): its workers run the
+    operator's sshd, or `train` only if the spec says so, so no host writes
+    its ranks' environment; mpirun carries the launcher's to every rank."""
+    return env.orchestrator == "mpijob"
+
+
+def carried_env(env, settings, user_env):
+    """What mpirun carries to an operator-launched job's ranks (-x): the
+    ranks' variables, where they report, the job secret, and the launcher's
+    PATH and library path (an sshd session has none of the pod's variables)."""
+    carried = dict(user_env)
+    # The job secret too, for the ranks' reports (by name: it crosses the
+    # network only inside mpirun's own channel, as every -x variable does).
+    for name in ("PATH", "LD_LIBRARY_PATH", control.JOB_SECRET_ENV):
+        if os.environ.get(name) and name not in carried:
+            carried[name] = os.environ[name]
+    carried[rank_wrapper.CONTROL_ENV] = "%s:%d" % (settings.master, settings.control_port)
+    carried[rank_wrapper.RANKS_DIR_ENV] = ranks_dir(env)
+    carried[rank_wrapper.CWD_ENV] = settings.cwd
+    return carried
 
 
 def plan(env, entry_point, args, extra_env=None, options=None,
@@ -200,10 +230,13 @@ def plan(env, entry_point, args, extra_env=None, options=None,
         return LaunchPlan(name, env.current_host, "worker", None, user_env=user_env,
                           settings=settings, notes=(
             "starts sshd, serves the ranks that the master %s starts here" % settings.master,))
-    argv = mpirun_argv(env, settings, rank_program(env, entry_point, args, program_prefix,
-                                                   command))
-    return LaunchPlan(name, env.current_host, "master", Command(argv, user_env, settings.cwd),
-                      settings=settings,
+    program = rank_program(env, entry_point, args, program_prefix, command)
+    carried = carried_env(env, settings, user_env) if operator_launched(env) else None
+    argv = mpirun_argv(env, settings, program, carried)
+    # mpirun itself runs without the ranks' LD_PRELOAD (an SMDDP library).
+    mpirun_env = {k: v for k, v in (carried or user_env).items() if k != "LD_PRELOAD"}
+    return LaunchPlan(name, env.current_host, "master", Command(argv, mpirun_env, settings.cwd),
+                      user_env=user_env, settings=settings,
                       notes=("%d processes on %s" % (settings.total, ", ".join(settings.hosts)),))
 
 
@@ -255,10 +288,14 @@ class MpiJob:
             raise MissingProgramError("mpirun is not installed (install OpenMPI, e.g. the "
                                       "openmpi-bin package)")
         workers = [h for h in self.settings.hosts if h != self.settings.master]
-        self.coordinator = master = JobMaster(self.settings.control_port, workers,
-                                              self._stop_local_ranks, self._control_key(),
-                                              self.reporter)
-        self._write_rank_env(master.report_address())
+        operator = operator_launched(self.env)
+        # An operator's workers may run `train` (which then hears the
+        # verdict) or the bare sshd: none is waited for.
+        self.coordinator = master = JobMaster(
+            self.settings.control_port, [] if operator else workers, self._stop_local_ranks,
+            self._control_key(), self.reporter, optional=workers if operator else ())
+        if not operator:
+            self._write_rank_env(master.report_address())
         # The first failing rank stops the ranks on every host at once, and
         # mpirun with them, rather than waiting for OpenMPI's own abort (which
         # takes seconds to wind down a job).
@@ -270,12 +307,12 @@ class MpiJob:
             with open(known_hosts_file(self.env), "w"):
                 pass
         # Stop the ranks on every host, not mpirun, which would kill them at once.
-        self.supervisor.on_terminate = lambda sig: master.stop_everywhere(
-            sig, self.supervisor.grace_seconds)
+        self.supervisor.on_terminate = lambda sig: self._stop_everywhere(master, operator, sig)
         # mpirun itself runs in train's own environment: the ranks' variables
-        # (LD_PRELOAD among them) reach the ranks through the env file only.
-        outcome = self.supervisor.run(command.argv, cwd=command.cwd, relay_stdout=True,
-                                      transform=self._tag)
+        # (LD_PRELOAD among them) reach the ranks through the env file only,
+        # or, on an operator's job, through mpirun's -x.
+        outcome = self.supervisor.run(command.argv, env=command.full_env() if operator else None,
+                                      cwd=command.cwd, relay_stdout=True, transform=self._tag)
         for (rank, stream), start in sorted(self._cut_lines.items()):  # never ended
             os.write(1 if stream == b"stdout" else 2, self._host_tag(rank, stream) + start + b"\n")
         return master.verdict(outcome, tail_of=rank_lines,
@@ -303,6 +340,12 @@ class MpiJob:
             waiter.join()
         if errors:
             raise errors[0]
+
+    def _stop_everywhere(self, master, operator, sig):
+        grace = self.supervisor.grace_seconds
+        master.stop_everywhere(sig, grace)
+        if operator:  # ranks on bare sshd workers: mpirun passes the signal on to them
+            self.supervisor.stop(sig, grace)
 
     def _abort_here(self, sig, grace):
         self._stop_local_ranks(sig, grace)
@@ -336,16 +379,25 @@ class MpiJob:
 
     # -- worker --------------------------------------------------------------
     def run_worker(self):
-        self._write_rank_env("%s:%d" % (self.settings.master, self.settings.control_port))
-        with self.reporter.span("ssh_readiness"):  # sshd up, and the master reached
+        operator = operator_launched(self.env)
+        if not operator:
+            self._write_rank_env("%s:%d" % (self.settings.master, self.settings.control_port))
+
+        def start_sshd():
             self.sshd_pid = ssh.start_sshd(self.supervisor,
                                            os.path.join(self.env.paths.toolkit_dir, "sshd.log"))
+
+        with self.reporter.span("ssh_readiness"):  # sshd up, and the master reached
+            if not operator:
+                start_sshd()
             log.info("worker %s: waiting for the master %s"
                      % (self.env.current_host, self.settings.master))
             self.coordinator = worker = JobWorker(
                 self.settings.master, self.settings.control_port, self.env.current_host,
                 self.deadline, self._stop_local_ranks, self.supervisor.grace_seconds,
                 self._control_key(), self.reporter)
+            if operator:  # joined first: the launcher, which waits for sshd only, then
+                start_sshd()  # cannot end the job before this host hears its verdict
         self.supervisor.on_terminate = lambda sig: self._stop_local_ranks(
             sig, self.supervisor.grace_seconds)
         try:

@@ -43,16 +43,31 @@ def wait_for_store(address, seconds):
             delay = min(delay * 2, 0.05)
 
 
+def _stat(pid):
+    """(comm, ppid) of `pid`, from /proc."""
+    with open("/proc/%s/stat" % pid, "rb") as f:
+        stat = f.read()
+    return stat[stat.find(b"(") + 1:stat.rfind(b")")], int(stat.rpartition(b")")[2].split()[1])
+
+
 def forward_to_children(signum, _frame):
-    """Send `signum` to this process's children (the workers)."""
-    me = os.getpid()
+    """Send `signum` to this process's children (the workers), unless Slurm
+    signals them itself: it signals every process of its step (the ancestry
+    check of training_toolkit.proctree.signalled_by_slurm, which this file
+    cannot import)."""
+    me, pid = os.getpid(), os.getppid()
+    try:
+        while pid > 1:
+            comm, pid = _stat(pid)
+            if comm == b"slurmstepd":
+                return
+    except (OSError, ValueError, IndexError):
+        pass
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
-            with open("/proc/%s/stat" % name, "rb") as f:
-                ppid = int(f.read().rpartition(b")")[2].split()[1])
-            if ppid == me:
+            if _stat(name)[1] == me:
                 os.kill(int(name), signum)
         except (OSError, ValueError, IndexError):
             pass  # gone meanwhile

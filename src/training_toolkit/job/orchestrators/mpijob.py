@@ -51,6 +51,8 @@ def read(environ, hostname, read_file):
     hosts = tuple(host for host, _ in entries)
     node_rank = next((i for i, host in enumerate(hosts)
                       if host == current or short_name(host) == short_name(current)), None)
+    if node_rank is not None:  # runLauncherAsWorker: the launcher by its hostfile name
+        current = hosts[node_rank]
     slots = {count for _, count in entries if count is not None}
     processes = r.processes_per_host(slots.pop() if len(slots) == 1 else None,
                                      "the hostfile %s" % path)

@@ -87,8 +87,9 @@ class Placement:
     @property
     def identity(self):
         """What names this job alike on every host: the orchestrator, its
-        job id and the node count."""
-        return "%s:%s:%s" % (self.orchestrator, self.job_id or "", self.num_nodes or "")
+        job id and the node count (not an MPIJob's: its workers are not told)."""
+        count = "" if self.role else self.num_nodes or ""
+        return "%s:%s:%s" % (self.orchestrator, self.job_id or "", count)
 
     def with_hosts(self, hosts):
         """This placement with the roster's `hosts` (rank order): this host is
