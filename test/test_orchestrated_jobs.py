@@ -158,3 +158,21 @@ def test_a_bad_channel_list_is_78_naming_the_variable(tmp_path):
     assert r.returncode == 78, r.stderr.decode()
     headline = (base / "output" / "failure").read_text().splitlines()[0]
     assert "TRAINING_TOOLKIT_CHANNELS" in headline and "data/train" in headline
+
+
+def test_a_host_placeholder_gives_each_host_its_own_job_tree(tmp_path):
+    # On a shared file system: SAGEMAKER_BASE_DIR=/fsx/jobs/42/{host}.
+    import socket
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "t.py").write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "PET_", "AWS_BATCH_", "SM_", "TRAINING_TOOLKIT_"))}
+    env.update(slurm_task(0), SAGEMAKER_BASE_DIR=str(tmp_path / "jobs" / "{host}"))
+    r = subprocess.run([TRAIN, "--", "python3", "t.py"], cwd=work, env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+    assert r.returncode == 0, r.stderr.decode()
+    own = tmp_path / "jobs" / socket.gethostname().partition(".")[0]
+    assert json.loads((own / "output" / "status.json").read_text())["exit_code"] == 0
+    assert not (tmp_path / "jobs" / "{host}").exists()

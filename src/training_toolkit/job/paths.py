@@ -45,6 +45,9 @@ def entry_point_path(code_dir, entry_point, config_file=None, field=USER_PROGRAM
     return os.path.join(code_dir, entry_point)
 
 
+HOST_PLACEHOLDER = "{host}"
+
+
 class JobPaths:
     """Paths of one job tree. Cheap to build; touches no file."""
 
@@ -67,8 +70,16 @@ class JobPaths:
 
     @classmethod
     def from_environ(cls, environ=None):
+        """The job tree SAGEMAKER_BASE_DIR names (else /opt/ml); a `{host}`
+        in it is this host's name, without its domain: one tree per host on
+        a file system the hosts share (docs/orchestrators.md)."""
         environ = os.environ if environ is None else environ
-        return cls(environ.get(BASE_DIR_ENV) or DEFAULT_BASE_DIR)
+        base = environ.get(BASE_DIR_ENV) or DEFAULT_BASE_DIR
+        if HOST_PLACEHOLDER in base:
+            import socket
+
+            base = base.replace(HOST_PLACEHOLDER, socket.gethostname().partition(".")[0])
+        return cls(base)
 
     def _join(self, *parts):
         return os.path.join(self.base, *parts)
