@@ -12,12 +12,18 @@ import time.
 
 Each container is hostnamed `algo-K` and reachable by that name from the
 others (a network alias); its container name is `<id>-algo-K`, unique to the
-cluster, so that two clusters can run at once on one engine. Output is
-streamed line by line with an `[algo-K] ` prefix (or kept, with
+cluster, so that two clusters can run at once on one engine. For pods of an
+orchestrator (test/test_orchestrated_images.py), the hosts may have names
+and extra names (FQDN aliases) of their own, no job tree (the image's own
+/opt/ml), read-write volumes, a working directory, fixed addresses on a
+subnet, and containers kept after they exit, to copy files out of them.
+Output is streamed line by line with an `[algo-K] ` prefix (or kept, with
 `capture=True`). close() (also on Ctrl-C, through `with`) removes the
 containers and the network, whatever state they are in.
 """
 import functools
+import ipaddress
+import json
 import os
 import secrets
 import shutil
@@ -76,22 +82,46 @@ def prepare_tree(root, code_dir, channels=None):
 
 
 class Cluster:
-    """`roots[i]` is the job tree of host `algo-<i+1>`, mounted at /opt/ml.
-    `mounts` are (host path, container path) pairs mounted read-only in every
-    host; `env` is set in every container; `capture` keeps each host's output
-    (`self.output[host]`, bytes) instead of printing it."""
+    """`roots[i]` is the job tree of host `algo-<i+1>`, mounted at /opt/ml
+    (None: no mount, the image's own /opt/ml). `mounts` are (host path,
+    container path) pairs mounted read-only in every host; `env` is set in
+    every container; `capture` keeps each host's output (`self.output[host]`,
+    bytes) instead of printing it.
 
-    def __init__(self, image, roots, mounts=(), env=None, capture=False, engine_name=None):
+    For other layouts: `names`, the host names instead of algo-K (one per
+    root); `aliases`, {host: [extra names]} by which the others reach it;
+    `volumes`, (host path, container path) pairs mounted read-write in
+    every host; `workdir`, the containers' working directory; `subnet`
+    (`10.X.Y.0/24`), the network's subnet, with its gateway at `.254` and
+    host K (from 1) at `.K`; `keep`, keep each container after it exits
+    (no `--rm`: copy_out() reads its files), close() still removes them."""
+
+    def __init__(self, image, roots, mounts=(), env=None, capture=False, engine_name=None,
+                 names=None, aliases=None, volumes=(), workdir=None, subnet=None, keep=False):
         self.engine = engine_name or engine()
         self.image = image
         self.id = "tt-" + secrets.token_hex(4)
-        self.hosts = ["algo-%d" % (i + 1) for i in range(len(roots))]
-        self.roots = dict(zip(self.hosts, [os.path.abspath(r) for r in roots]))
+        self.hosts = (list(names) if names is not None
+                      else ["algo-%d" % (i + 1) for i in range(len(roots))])
+        if len(self.hosts) != len(roots):
+            raise ValueError("need one root (or None) per host: %d names, %d roots"
+                             % (len(self.hosts), len(roots)))
+        self.roots = dict(zip(self.hosts, [r and os.path.abspath(r) for r in roots]))
         self.mounts = list(mounts)
         self.env = dict(env or {})
         self.capture = capture
+        self.aliases = {h: list((aliases or {}).get(h, ())) for h in self.hosts}
+        self.volumes = list(volumes)
+        self.workdir = workdir
+        self.subnet = subnet
+        self.keep = keep
+        self.addresses = {}
+        if subnet:
+            net = ipaddress.ip_network(subnet)
+            self.addresses = {h: str(net.network_address + k)
+                              for k, h in enumerate(self.hosts, 1)}
         # One host needs no network of its own: the engine's default one does.
-        self.network = self.id if len(self.hosts) > 1 else None
+        self.network = self.id if len(self.hosts) > 1 or subnet else None
         self.procs = {}
         self.output = {h: b"" for h in self.hosts}
         self._pumps = {}  # host -> its output's reader threads
@@ -109,32 +139,52 @@ class Cluster:
                 self.engine, " ".join(args), proc.returncode, proc.stderr.strip()))
         return proc
 
-    def run_argv(self, host, args=(), env=None):
-        """The engine command line that runs `host`'s container."""
-        argv = [self.engine, "run", "--rm", "--name", self.name(host), "--hostname", host,
-                "-v", "%s:%s" % (self.roots[host], ML_DIR)]
+    def run_argv(self, host, args=(), env=None, entrypoint=None, mounts=()):
+        """The engine command line that runs `host`'s container: `args` after
+        the image, `entrypoint` instead of the image's, `mounts` read-only
+        in this container only."""
+        argv = [self.engine, "run"] + ([] if self.keep else ["--rm"])
+        argv += ["--name", self.name(host), "--hostname", host]
+        if self.roots[host]:
+            argv += ["-v", "%s:%s" % (self.roots[host], ML_DIR)]
         if self.network:
-            argv += ["--network", self.network, "--network-alias", host]
-        for source, target in self.mounts:
+            argv += ["--network", self.network]
+            for alias in [host] + self.aliases[host]:
+                argv += ["--network-alias", alias]
+            if host in self.addresses:
+                argv += ["--ip", self.addresses[host]]
+        for source, target in self.volumes:
+            argv += ["-v", "%s:%s" % (source, target)]
+        for source, target in self.mounts + list(mounts):
             argv += ["-v", "%s:%s:ro" % (source, target)]
+        if self.workdir:
+            argv += ["--workdir", self.workdir]
+        if entrypoint is not None:
+            argv += ["--entrypoint", entrypoint]
         for key, value in sorted(dict(self.env, **(env or {})).items()):
             argv += ["-e", "%s=%s" % (key, value)]
         return argv + [self.image] + list(args)
 
-    def start(self, args=(), hosts=None, env=None):
+    def start(self, args=(), hosts=None, env=None, entrypoint=None, mounts=()):
         """Start the containers of `hosts` (default: all) with `args` after
-        the image (its entrypoint's arguments) and `env` added."""
+        the image (its entrypoint's arguments) and `env` added (see
+        run_argv for `entrypoint` and `mounts`)."""
         if not self.procs and self._engine("image", "inspect", self.image,
                                            check=False).returncode != 0:
             raise ImageNotFound("image %s not found by %s (build it first: see docker/README.md)"
                                 % (self.image, self.engine))
         if self.network and not self._network_made:
-            self._engine("network", "create", self.network)
+            options = []
+            if self.subnet:
+                net = ipaddress.ip_network(self.subnet)
+                options = ["--subnet", str(net), "--gateway", str(net.network_address + 254)]
+            self._engine("network", "create", *options, self.network)
             self._network_made = True
         for host in hosts or self.hosts:
             # A session of its own: Ctrl-C reaches us, not the engine clients;
             # close() then removes the containers.
-            proc = subprocess.Popen(self.run_argv(host, args, env), stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(self.run_argv(host, args, env, entrypoint, mounts),
+                                    stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True)
             self.procs[host] = proc
@@ -175,15 +225,33 @@ class Cluster:
     def kill(self, host, sig="KILL"):
         self._engine("kill", "-s", sig, self.name(host))
 
+    def address(self, host):
+        """`host`'s IPv4 address on the cluster's network, as the engine says
+        (while its container runs: an exited one has none)."""
+        out = self._engine("inspect", "--format", "{{json .NetworkSettings.Networks}}",
+                           self.name(host)).stdout
+        return json.loads(out)[self.network]["IPAddress"]
+
+    def copy_out(self, host, path, dest):
+        """`engine cp` of `path` in `host`'s container (kept: `keep`) to `dest`;
+        True if it was there."""
+        return self._engine("cp", "%s:%s" % (self.name(host), path), dest,
+                            check=False).returncode == 0
+
     def close(self):
         """Remove every container and the network, running or not. Idempotent."""
         running = [h for h, p in self.procs.items() if p.poll() is None]
-        if running:
+        # One container per command: podman 4.3's `rm -f A B` exits 0 without
+        # removing B when A is already gone (and prints B's name).
+        for host in running:
             # `rm -f` would wait for a stop timeout first: kill, then remove.
-            self._engine("kill", *[self.name(h) for h in running], check=False)
-            self._engine("rm", "-f", *[self.name(h) for h in running], check=False)
+            self._engine("kill", self.name(host), check=False)
+            if not self.keep:
+                self._engine("rm", "-f", self.name(host), check=False)
         for proc in self.procs.values():
             proc.wait()
+        for host in self.procs if self.keep else ():
+            self._engine("rm", "-f", self.name(host), check=False)
         if self._network_made:
             self._engine("network", "rm", self.network, check=False)
             self._network_made = False
