@@ -171,3 +171,27 @@ def test_custom_mpi_options(tmp_path):
         assert all(info["custom"] == "hello" for info in ranks(job).values())
         command = json.loads(job.read("algo-1", "output", "status.json"))["command"]
         assert "-x TT_CUSTOM=hello --bind-to none" in command
+
+
+def test_an_mpijob_launcher_carries_its_pods_variables_to_the_ranks(monkeypatch, tmp_path):
+    # An MPIJob's workers run the operator's sshd: the ranks get the
+    # launcher's variables through mpirun (-x, by name), less the launcher's
+    # own host's, MPI's and the GPUs it is denied.
+    import types
+
+    from training_toolkit.job.paths import JobPaths
+    from training_toolkit.runners import mpi
+
+    for name, value in (("NCCL_DEBUG", "INFO"), ("HF_HOME", "/cache"), ("HOSTNAME", "pi-launcher"),
+                        ("OMPI_MCA_orte_default_hostfile", "/etc/mpi/hostfile"),
+                        ("K_MPI_JOB_ROLE", "launcher"), ("NVIDIA_VISIBLE_DEVICES", "")):
+        monkeypatch.setenv(name, value)
+    env = types.SimpleNamespace(paths=JobPaths(str(tmp_path)))
+    settings = types.SimpleNamespace(master="pi-launcher", control_port=7780, cwd="/workspace")
+    carried = mpi.carried_env(env, settings, {"SM_HOSTS": '["pi-launcher"]'})
+    assert (carried["NCCL_DEBUG"], carried["HF_HOME"]) == ("INFO", "/cache")
+    assert carried["SM_HOSTS"] == '["pi-launcher"]'
+    assert carried["TRAINING_TOOLKIT_CONTROL"] == "pi-launcher:7780"
+    for own in ("HOSTNAME", "OMPI_MCA_orte_default_hostfile", "K_MPI_JOB_ROLE",
+                "NVIDIA_VISIBLE_DEVICES"):
+        assert own not in carried

@@ -204,16 +204,25 @@ def operator_launched(env):
     return env.orchestrator == "mpijob"
 
 
+# The launcher's own variables that are not the ranks': its host's and
+# session's, MPI's and the orchestrators' placement, and the GPUs an MPIJob
+# hides from a launcher that runs no ranks.
+_LAUNCHERS_OWN = ("HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "HOME", "USER", "LOGNAME",
+                  "SHELL", "TERM", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
+                  "CUDA_VISIBLE_DEVICES")
+_LAUNCHERS_OWN_PREFIXES = ("OMPI_", "PMIX_", "OPAL_", "KUBERNETES_", "K_MPI_", "SLURM_",
+                           "BASH_FUNC_")
+
+
 def carried_env(env, settings, user_env):
     """What mpirun carries to an operator-launched job's ranks (-x): the
-    ranks' variables, where they report, the job secret, and the launcher's
-    PATH and library path (an sshd session has none of the pod's variables)."""
-    carried = dict(user_env)
-    # The job secret too, for the ranks' reports (by name: it crosses the
-    # network only inside mpirun's own channel, as every -x variable does).
-    for name in ("PATH", "LD_LIBRARY_PATH", control.JOB_SECRET_ENV):
-        if os.environ.get(name) and name not in carried:
-            carried[name] = os.environ[name]
+    launcher pod's variables (a user's NCCL_DEBUG, HF_HOME, PATH, the job
+    secret; an sshd session has none of the pod's), less its own host's
+    and MPI's, then the ranks' variables and where they report."""
+    carried = {name: value for name, value in os.environ.items()
+               if name not in _LAUNCHERS_OWN and not name.startswith(_LAUNCHERS_OWN_PREFIXES)
+               and name.isidentifier()}
+    carried.update(user_env)
     carried[rank_wrapper.CONTROL_ENV] = "%s:%d" % (settings.master, settings.control_port)
     carried[rank_wrapper.RANKS_DIR_ENV] = ranks_dir(env)
     carried[rank_wrapper.CWD_ENV] = settings.cwd
