@@ -45,7 +45,7 @@ def images():
     except containers.ContainersUnavailable as e:
         unavailable(str(e))
     if subprocess.run([engine, "image", "inspect", BASE_IMAGE],
-                      capture_output=True).returncode != 0:
+                      capture_output=True, timeout=60).returncode != 0:
         unavailable("base image %s missing: run scripts/containers-setup.sh" % BASE_IMAGE)
     build = subprocess.run([os.path.join(ROOT, "scripts", "image-check.sh"), "--build-only"],
                            capture_output=True, text=True, timeout=1800)

@@ -527,9 +527,10 @@ def test_mpijob_launcher_as_worker_alone(machine, tmp_path):
 
 
 def test_mpijob_hostfile_and_secret_are_where_the_operator_puts_them(machine, tmp_path):
-    """What the launcher is given is the operator's: the read-only hostfile at /etc/mpi, the Secret's keys, the
-    workers' sshd reachable by FQDN with them, and the launcher's code as the
-    verdict while the workers are deleted."""
+    """What the launcher is given is the operator's: the read-only hostfile
+    at /etc/mpi, the Secret's keys, the workers' sshd reachable by FQDN with
+    them, and the launcher's code as the verdict while the workers are
+    deleted."""
     probe = tmp_path / "probe.py"
     probe.write_text(
         "import json, os, subprocess, sys\n"

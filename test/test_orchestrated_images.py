@@ -64,12 +64,11 @@ import time
 
 import pytest
 
+from test_containers import images  # noqa: F401 (the session fixture: the images, built once)
 from training_toolkit.rehearsal import containers, orchestrated
 
 pytestmark = pytest.mark.containers
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BASE_IMAGE = os.environ.get("TT_BASE_IMAGE", "localhost/tt-base:bookworm")
 WORKSPACE = "/workspace"
 GRACE_S = 30  # Kubernetes' terminationGracePeriodSeconds default: SIGKILL after it
 CONTROL_PORT = 7780
@@ -126,23 +125,6 @@ def unavailable(reason, require="TRAINING_TOOLKIT_REQUIRE_CONTAINERS"):
     if os.environ.get(require) == "1":
         pytest.fail("%s, and %s=1" % (reason, require))
     pytest.skip(reason)
-
-
-@pytest.fixture(scope="session")
-def images():
-    """{key: image name} for byo-slim, byo-mpi, framework, separate-env."""
-    try:
-        engine = containers.engine()
-    except containers.ContainersUnavailable as e:
-        unavailable(str(e))
-    if subprocess.run([engine, "image", "inspect", BASE_IMAGE],
-                      capture_output=True, timeout=60).returncode != 0:
-        unavailable("base image %s missing: run scripts/containers-setup.sh" % BASE_IMAGE)
-    build = subprocess.run([os.path.join(ROOT, "scripts", "image-check.sh"), "--build-only"],
-                           capture_output=True, text=True, timeout=1800)
-    assert build.returncode == 0, "building the images failed:\n" + build.stderr[-4000:]
-    return {line.split()[1]: line.split()[2] for line in build.stdout.splitlines()
-            if line.startswith("image ")}
 
 
 def engine_names(prefix):

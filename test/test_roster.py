@@ -16,6 +16,9 @@ from training_toolkit.errors import ClusterError, ConfigError
 from training_toolkit.job.orchestrators import with_roster
 from training_toolkit.job.orchestrators.placement import Placement
 
+# Every wait below has its own deadline (the roster's); this bounds the rest.
+pytestmark = pytest.mark.timeout(120)
+
 
 def placement(rank, count=3, name=None, master="127.0.0.1", by="host", job_id="job"):
     return Placement("pytorchjob", name or "node-%d" % rank, rank, count, master_addr=master,

@@ -402,19 +402,11 @@ class SimCluster(stale.SingleUse):
             err = rmtree(self._key_dir)
             if err:
                 leftovers.append(err)
-        if not leftovers:
-            if self._lock_fd is not None:
-                stale.release_lock(self.prefix, self._lock_fd)
-                self._lock_fd = None
-            self._dirty = False
-            stale.closed(self)
+        if not leftovers and self._lock_fd is not None:
+            stale.release_lock(self.prefix, self._lock_fd)
+            self._lock_fd = None
         log.debug("simcluster %s: closed in %.3f s", self.prefix, time.monotonic() - t0)
-        if leftovers:
-            msg = "simulated cluster %s: could not remove: %s" % (self.prefix,
-                                                                 "; ".join(leftovers))
-            if raise_errors:
-                raise SimClusterError(msg)
-            log.warning("%s", msg)
+        self._closed_with(leftovers, raise_errors, self.prefix)
 
     # -- running things in a host --------------------------------------------
 

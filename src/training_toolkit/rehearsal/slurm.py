@@ -421,15 +421,7 @@ class SlurmCluster(stale.SingleUse):
             if err:
                 leftovers.append(err)
         self._closed = True
-        if not leftovers:
-            self._dirty = False
-            stale.closed(self)
-        if leftovers:
-            msg = "Slurm cluster %s: could not remove: %s" % (self.cluster_name,
-                                                             "; ".join(leftovers))
-            if raise_errors:
-                raise SlurmError(msg)
-            log.warning("%s", msg)
+        self._closed_with(leftovers, raise_errors, self.cluster_name)
 
     def _sim_up(self):
         try:

@@ -237,6 +237,19 @@ class SingleUse:
         log.debug("%r: started in %.3f s", self, self.start_seconds)
         return self
 
+    def _closed_with(self, leftovers, raise_errors, name):
+        """The end of close(): clean (nothing left over), the cluster is
+        forgotten; else what is left is an error (`raise_errors`) or a
+        warning, each naming the cluster `name`."""
+        if not leftovers:
+            self._dirty = False
+            closed(self)
+            return
+        msg = "%s %s: could not remove: %s" % (self.kind, name, "; ".join(leftovers))
+        if raise_errors:
+            raise self.error(msg)
+        log.warning("%s", msg)
+
     def _require_started(self):
         if not self._started:
             raise self.error("%s is not started" % self.kind)
