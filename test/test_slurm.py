@@ -144,18 +144,28 @@ def _job_roots(tmp_path_factory, n):
     return roots
 
 
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
+def running_slurm(tmp_path_factory, name, n, **options):
+    """A generator for a module fixture: `n` Slurm nodes (SlurmCluster
+    `options`) over a SimCluster with a shared directory (`cluster.shared`)
+    and a job root per host (`cluster.roots`); after the module, nothing of
+    it is left."""
     _check_machine()
-    shared = tmp_path_factory.mktemp("slurm-shared")
-    with SimCluster(2, _job_roots(tmp_path_factory, 2), shared_paths=[str(shared)]) as sim:
+    shared = tmp_path_factory.mktemp(name + "-shared")
+    roots = _job_roots(tmp_path_factory, n)
+    with SimCluster(n, roots, shared_paths=[str(shared)]) as sim:
         holders = {h: sim.holder_pid(h) for h in sim.hosts}
-        cluster = SlurmCluster(sim, kill_wait_s=KILL_WAIT)
+        cluster = SlurmCluster(sim, **options)
         with cluster:
             cluster.shared = str(shared)
+            cluster.roots = dict(zip(sim.hosts, roots))
             yield cluster
         assert _leftovers(cluster, holders) == []
         assert cluster.step_pids() == []
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    yield from running_slurm(tmp_path_factory, "slurm", 2, kill_wait_s=KILL_WAIT)
 
 
 def _workdir(slurm, name):
@@ -877,16 +887,8 @@ dist.destroy_process_group()
 def slurm_requeue(tmp_path_factory):
     """Two nodes whose requeued jobs wait 5 s to start again, not Slurm's
     120 (AuthInfo's cred_expire)."""
-    _check_machine()
-    shared = tmp_path_factory.mktemp("slurm-requeue-shared")
-    with SimCluster(2, _job_roots(tmp_path_factory, 2), shared_paths=[str(shared)]) as sim:
-        holders = {h: sim.holder_pid(h) for h in sim.hosts}
-        cluster = SlurmCluster(sim, kill_wait_s=KILL_WAIT, cred_expire_s=5)
-        with cluster:
-            cluster.shared = str(shared)
-            yield cluster
-        assert _leftovers(cluster, holders) == []
-        assert cluster.step_pids() == []
+    yield from running_slurm(tmp_path_factory, "slurm-requeue", 2, kill_wait_s=KILL_WAIT,
+                             cred_expire_s=5)
 
 
 def _job_state(slurm, job_id):

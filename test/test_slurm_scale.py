@@ -18,9 +18,7 @@ import subprocess
 
 import pytest
 
-from test_slurm import TRAIN, _check_machine, _job_roots, _leftovers
-from training_toolkit.rehearsal.simcluster import SimCluster
-from training_toolkit.rehearsal.slurm import SlurmCluster
+from test_slurm import TRAIN, _workdir, running_slurm
 
 N = 12
 HOSTS = ["algo-%d" % k for k in range(1, N + 1)]  # Slurm's node order
@@ -60,24 +58,7 @@ dist.destroy_process_group()
 
 @pytest.fixture(scope="module")
 def slurm12(tmp_path_factory):
-    _check_machine()
-    shared = tmp_path_factory.mktemp("slurm12-shared")
-    roots = _job_roots(tmp_path_factory, N)
-    with SimCluster(N, roots, shared_paths=[str(shared)]) as sim:
-        holders = {h: sim.holder_pid(h) for h in sim.hosts}
-        cluster = SlurmCluster(sim, ready_timeout_s=120)
-        with cluster:
-            cluster.shared = str(shared)
-            cluster.roots = dict(zip(HOSTS, roots))
-            yield cluster
-        assert _leftovers(cluster, holders) == []
-        assert cluster.step_pids() == []
-
-
-def _workdir(slurm, name):
-    d = os.path.join(slurm.shared, name)
-    os.mkdir(d)
-    return d
+    yield from running_slurm(tmp_path_factory, "slurm12", N, ready_timeout_s=120)
 
 
 def _srun(slurm, args, timeout, **kw):
