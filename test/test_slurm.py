@@ -678,14 +678,12 @@ def _no_step_left(slurm, pids, timeout_s=KILL_WAIT + 10):
         time.sleep(0.05)
 
 
-@pytest.mark.timeout(180)
-def test_scancel_stops_train_on_every_node_with_sigterm(slurm):
-    """`scancel JOB` of `srun -N2 train -- python t.py`: every rank gets
-    SIGTERM (from slurmstepd and from `train`) and ends; both trains record
-    the stop (status.json and failure: stopped by SIGTERM, 143) and exit
-    before Slurm's SIGKILL; srun ends, and no process of the job is left."""
-    d, base, proc, pids, job_id = _start_train(slurm, "scancel-train",
-                                               ["-N2", "--ntasks-per-node=1"], 2)
+def _scancel_train(slurm, name, env=None):
+    """`srun -N2 train -- python t.py`, then `scancel` of its job: once srun
+    has ended, every rank got SIGTERM and no process of the step is left.
+    Returns the job's tree base and srun's stderr."""
+    d, base, proc, pids, job_id = _start_train(slurm, name, ["-N2", "--ntasks-per-node=1"], 2,
+                                               env=env)
     cancel = slurm.scancel([job_id])
     assert cancel.returncode == 0, cancel.stderr
     out, err = _communicate(proc, KILL_WAIT + 20, "scancel")
@@ -693,6 +691,16 @@ def test_scancel_stops_train_on_every_node_with_sigterm(slurm):
     for rank in pids:
         got = [s for s, _ in _signals(os.path.join(d, "signals.%d" % rank))]
         assert signal.SIGTERM in got, (rank, got)
+    return base, err
+
+
+@pytest.mark.timeout(180)
+def test_scancel_stops_train_on_every_node_with_sigterm(slurm):
+    """`scancel JOB` of `srun -N2 train -- python t.py`: every rank gets
+    SIGTERM (from slurmstepd and from `train`) and ends; both trains record
+    the stop (status.json and failure: stopped by SIGTERM, 143) and exit
+    before Slurm's SIGKILL; srun ends, and no process of the job is left."""
+    base, err = _scancel_train(slurm, "scancel-train")
     for host in HOSTS:
         status = _read_status(slurm, host, base)
         assert status["exit_code"] == 128 + signal.SIGTERM, (host, status)
@@ -713,16 +721,8 @@ def test_scancel_a_rank_that_ignores_sigterm_is_killed_within_trains_grace(slurm
     `train` SIGKILLs it after its grace, which ends before Slurm's KillWait
     (5 s): each train still writes its verdict (137, the rank killed by
     SIGKILL) and exits itself, so srun reports exits, not "Killed" tasks."""
-    d, base, proc, pids, job_id = _start_train(
-        slurm, "scancel-ignore", ["-N2", "--ntasks-per-node=1"], 2,
-        env={"ON_TERM": "ignore", "SM_TERMINATION_GRACE_SECONDS": "2"})
-    cancel = slurm.scancel([job_id])
-    assert cancel.returncode == 0, cancel.stderr
-    out, err = _communicate(proc, KILL_WAIT + 20, "scancel")
-    assert _no_step_left(slurm, pids.values()) == []
-    for rank in pids:
-        got = [s for s, _ in _signals(os.path.join(d, "signals.%d" % rank))]
-        assert signal.SIGTERM in got, (rank, got)
+    base, err = _scancel_train(slurm, "scancel-ignore",
+                               {"ON_TERM": "ignore", "SM_TERMINATION_GRACE_SECONDS": "2"})
     # Each train outlived its rank to write the verdict: the rank's SIGKILL
     # was train's (Slurm's, after KillWait, would have ended train too).
     for host in HOSTS:
