@@ -35,8 +35,7 @@ from .wire import JOB_SECRET_ENV, job_key
 def needed(placement, environ):
     """Whether `placement` (or None) needs the roster: a multi-node job whose
     orchestrator names no hosts, and no TRAINING_TOOLKIT_HOSTS given."""
-    return (placement is not None and placement.hosts is None and placement.role is None
-            and (placement.num_nodes or 0) > 1
+    return (placement is not None and placement.needs_roster
             and not (environ.get(params.HOSTS_ENV) or "").strip())
 
 

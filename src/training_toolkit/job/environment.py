@@ -285,8 +285,7 @@ def _read(paths, environ, resource_config, input_data_config, hyperparameters, d
 
             orchestrated = detect(environ, rc_file)
         if orchestrated is not None:
-            if orchestrated.hosts is None and orchestrated.role is None and \
-                    orchestrated.num_nodes > 1:  # the roster's hosts (cluster/roster.py)
+            if orchestrated.needs_roster:  # the roster's hosts (cluster/roster.py)
                 from .orchestrators import with_roster
 
                 orchestrated = with_roster(orchestrated, environ)

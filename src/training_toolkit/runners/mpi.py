@@ -242,8 +242,10 @@ def plan(env, entry_point, args, extra_env=None, options=None,
     program = rank_program(env, entry_point, args, program_prefix, command)
     carried = carried_env(env, settings, user_env) if operator_launched(env) else None
     argv = mpirun_argv(env, settings, program, carried)
-    # mpirun itself runs without the ranks' LD_PRELOAD (an SMDDP library).
-    mpirun_env = {k: v for k, v in (carried or user_env).items() if k != "LD_PRELOAD"}
+    # An operator's mpirun runs with what it carries, less the ranks'
+    # LD_PRELOAD (an SMDDP library: -x gives it by value).
+    mpirun_env = user_env if carried is None else {k: v for k, v in carried.items()
+                                                   if k != "LD_PRELOAD"}
     return LaunchPlan(name, env.current_host, "master", Command(argv, mpirun_env, settings.cwd),
                       user_env=user_env, settings=settings,
                       notes=("%d processes on %s" % (settings.total, ", ".join(settings.hosts)),))

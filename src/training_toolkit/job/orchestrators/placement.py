@@ -85,6 +85,12 @@ class Placement:
         return self.role == "launcher" if self.role else self.node_rank == 0
 
     @property
+    def needs_roster(self):
+        """Whether this is a multi-node job whose orchestrator names no hosts
+        (Kubeflow, Batch): the nodes' `train`s build the host list."""
+        return self.hosts is None and self.role is None and (self.num_nodes or 0) > 1
+
+    @property
     def identity(self):
         """What names this job alike on every host: the orchestrator, its
         job id and the node count (not an MPIJob's: its workers are not told)."""
