@@ -662,8 +662,10 @@ def test_mpi_env_file_is_removed_when_the_job_ends(tmp_path, end):
     script = """
 import os, sys, time
 rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
-with open(os.path.join(os.environ["SM_MODEL_DIR"], "running-%d" % rank), "w") as f:
+seen = os.path.join(os.environ["SM_MODEL_DIR"], "running-%d" % rank)
+with open(seen + ".tmp", "w") as f:  # whole once it exists: the test stops the job then
     f.write(str(os.path.exists("/opt/ml/toolkit/rank-env.json")))
+os.rename(seen + ".tmp", seen)
 from mpi4py import MPI
 MPI.COMM_WORLD.Barrier()  # both ranks have looked before one fails
 end = os.environ["END"]

@@ -246,7 +246,8 @@ class V3Cluster(containers.Cluster):
         super().__init__(image, [job.path(h) for h in job.hosts], capture=True)
         self.job = job
 
-    def run_argv(self, host, args=(), env=None):
+    def run_argv(self, host, args=(), env=None, entrypoint=None, mounts=()):
+        # The SDK's own layout: its entrypoint, its volumes, none of `start`'s.
         argv = [self.engine, "run", "--rm", "--name", self.name(host)]
         if self.network:
             argv += ["--network", self.network, "--network-alias", host]
