@@ -819,24 +819,15 @@ def test_scancel_signal_usr1_reaches_every_rank_once_task_per_rank(slurm):
 
 
 @pytest.mark.timeout(240)
-def test_scancel_signal_usr1_reaches_every_rank_once_under_torchrun(slurm):
-    """The same with TRAINING_TOOLKIT_RUNNER=torchrun, 2 processes per node:
-    torchrun's launcher passes SIGUSR1 on to its workers; every one of the 4
-    ranks gets it once and the job ends 0."""
+@pytest.mark.parametrize("runner", ["torchrun", "mpi"])
+def test_scancel_signal_usr1_reaches_every_rank_once_under_a_launcher(slurm, runner):
+    """The same with TRAINING_TOOLKIT_RUNNER=torchrun or mpi, 2 processes per
+    node: torchrun's launcher passes SIGUSR1 on to its workers, mpirun (over
+    SSH from the first node) to every rank; each of the 4 ranks gets it once
+    and the job ends 0."""
     _usr1_goes_to_every_rank_once(
-        slurm, "usr1-torchrun", ["-N2", "--ntasks-per-node=1"], 4, _scancel_usr1(slurm),
-        env={"TRAINING_TOOLKIT_RUNNER": "torchrun", "TRAINING_TOOLKIT_PROCESSES_PER_HOST": "2"},
-        wait_s=60)
-
-
-@pytest.mark.timeout(240)
-def test_scancel_signal_usr1_reaches_every_rank_once_under_mpi(slurm):
-    """The same with TRAINING_TOOLKIT_RUNNER=mpi, 2 processes per node
-    (mpirun over SSH from the first node): mpirun passes SIGUSR1 on to
-    every rank; each of the 4 gets it once and the job ends 0."""
-    _usr1_goes_to_every_rank_once(
-        slurm, "usr1-mpi", ["-N2", "--ntasks-per-node=1"], 4, _scancel_usr1(slurm),
-        env={"TRAINING_TOOLKIT_RUNNER": "mpi", "TRAINING_TOOLKIT_PROCESSES_PER_HOST": "2"},
+        slurm, "usr1-" + runner, ["-N2", "--ntasks-per-node=1"], 4, _scancel_usr1(slurm),
+        env={"TRAINING_TOOLKIT_RUNNER": runner, "TRAINING_TOOLKIT_PROCESSES_PER_HOST": "2"},
         wait_s=60)
 
 
