@@ -16,6 +16,14 @@ TRAINING_JOB_NAME (so its own S3 prefix). Figures:
             against boto3 put_object (and upload_file) from 10 threads.
   large     1 x 500 MB: from the job's close to `train`'s exit, against
             boto3 upload_file of the same file (default TransferConfig).
+  rewrite   the reference's own test_large_files: two 17 MiB files (above
+            the 8 MiB multipart threshold), the second written twice (write,
+            close, write again, close); from the last close to `train`'s
+            exit, the runs that waited out their drain (stalls), and the
+            files not in S3 with their final content (lost).
+  rewrite-large  a 1 GiB file rewritten (truncated and written again) 1 s
+            after its close, while it uploads: from the last close to
+            `train`'s exit, and whether S3 ends with the final content.
   cpu       the job writes one 10 kB file per second: CPU time of `train`
             (ours: the process, all threads; the reference: `train` plus its
             sync process), per second of a steady window, plus a plain `train`
@@ -23,8 +31,10 @@ TRAINING_JOB_NAME (so its own S3 prefix). Figures:
 
 Run it with an interpreter that has moto (the system python3):
 
-    python3 bench/bench_intermediate.py [--runs 3] [--only latency,many,large,cpu]
+    python3 bench/bench_intermediate.py [--runs 3]
+        [--only latency,many,large,cpu,rewrite,rewrite-large] [--rewrite-runs 20]
 """
+import inspect
 import json
 import os
 import shutil
@@ -108,6 +118,46 @@ for i in range(%(seconds)d):
     with open(os.path.join(d, "step-%%04d.json" %% i), "wb") as f:
         f.write(os.urandom(10000))
     time.sleep(1)
+"""
+
+
+def content(seed, mib):
+    """`mib` MiB shaped like an .npy file, different per seed: the job and the
+    driver (which checks what S3 ends with) make the same bytes."""
+    import hashlib
+
+    block = hashlib.sha256(b"%d" % seed).digest() * (2**20 // 32)
+    return b"".join(i.to_bytes(8, "little") + block[8:] for i in range(mib))
+
+
+# The jobs' own copy of it, put before their text (after its %-formatting).
+CONTENT = inspect.getsource(content)
+
+REWRITE_JOB = """\
+import os, time
+d = os.environ["SM_OUTPUT_INTERMEDIATE_DIR"]
+os.makedirs(d, exist_ok=True)
+with open(os.path.join(d, "file.npy"), "wb") as f:
+    f.write(content(%(seed)d, 17))
+for seed in (%(seed)d + 1, %(seed)d + 2):
+    with open(os.path.join(d, "file_to_modify.npy"), "wb") as f:
+        f.write(content(seed, 17))
+with open(os.path.join(os.environ["SM_MODEL_DIR"], "t0"), "w") as f:
+    f.write(repr(time.time()))
+"""
+
+LARGE_REWRITE_JOB = """\
+import os, time
+d = os.environ["SM_OUTPUT_INTERMEDIATE_DIR"]
+os.makedirs(d, exist_ok=True)
+for seed in (%(seed)d, %(seed)d + 1):
+    with open(os.path.join(d, "model.bin"), "wb") as f:
+        for i in range(%(mib)d // 64):
+            f.write(content(seed * 1000 + i, 64))
+    if seed == %(seed)d:
+        time.sleep(1.0)  # its upload is under way
+with open(os.path.join(os.environ["SM_MODEL_DIR"], "t0"), "w") as f:
+    f.write(repr(time.time()))
 """
 
 
@@ -281,6 +331,53 @@ def large_run(contender, client, mib):
     return end - t0, size, status
 
 
+def rewrite_run(contender, client, seed, drain_s):
+    """The reference's test_large_files: (seconds from the last close to the
+    exit, whether the drain ran out, the files not in S3 as written last)."""
+    base, env, job_name = contender.job("rewrite", CONTENT + REWRITE_JOB % {"seed": seed})
+    env["SM_INTERMEDIATE_DRAIN_SECONDS"] = str(drain_s)
+    proc = run_train(contender, env)
+    check_exit(proc, contender, base)
+    end = time.time()
+    with open(os.path.join(base, "model", "t0")) as f:
+        t0 = float(f.read())
+    prefix = prefix_of(job_name)
+    lost = []
+    for name, want in (("file.npy", content(seed, 17)),
+                       ("file_to_modify.npy", content(seed + 2, 17))):
+        try:
+            got = client.get_object(Bucket=BUCKET, Key=prefix + name)["Body"].read()
+        except client.exceptions.NoSuchKey:
+            got = None
+        if got != want:
+            lost.append(name)
+    delete_prefix(client, prefix)
+    status = intermediate_status(base)
+    shutil.rmtree(os.path.dirname(base))
+    return end - t0, end - t0 >= drain_s, lost, status
+
+
+def large_rewrite_run(contender, client, seed, mib):
+    """A file rewritten while it uploads: (seconds from the last close to the
+    exit, whether S3 ends with the final content)."""
+    from training_toolkit.intermediate.verify import expected_etag
+
+    base, env, job_name = contender.job("rewrite-large", CONTENT + LARGE_REWRITE_JOB % {
+        "seed": seed, "mib": mib})
+    proc = run_train(contender, env)
+    check_exit(proc, contender, base)
+    end = time.time()
+    with open(os.path.join(base, "model", "t0")) as f:
+        t0 = float(f.read())
+    path = os.path.join(base, "output", "intermediate", "model.bin")
+    obj = list_prefix(client, prefix_of(job_name)).get("model.bin")
+    final = obj is not None and obj["Size"] == os.path.getsize(path) and (
+        obj["ETag"].strip('"') == expected_etag(path, obj["Size"]))
+    delete_prefix(client, prefix_of(job_name))
+    shutil.rmtree(os.path.dirname(base))
+    return end - t0, final
+
+
 def _cpu_ticks(pid):
     with open("/proc/%d/stat" % pid) as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -408,13 +505,17 @@ def pct(xs, q):
 
 def main():
     p = common.parser(__doc__.splitlines()[0], runs=3)
-    p.add_argument("--only", default="latency,many,large,cpu",
+    p.add_argument("--only", default="latency,many,large,cpu,rewrite,rewrite-large",
                    help="comma-separated scenarios (default: all)")
     p.add_argument("--files", type=int, default=1000, help="files in the many-files run")
     p.add_argument("--large-mib", type=int, default=500, help="size of the large file in MiB "
                    "(500 MiB = 524 MB; default 500)")
     p.add_argument("--events", type=int, default=20, help="files per latency run")
     p.add_argument("--cpu-seconds", type=int, default=30, help="length of the CPU run")
+    p.add_argument("--rewrite-runs", type=int, default=20,
+                   help="runs of the reference's test_large_files per contender (default 20)")
+    p.add_argument("--rewrite-mib", type=int, default=1024,
+                   help="size of the file rewritten while it uploads, MiB (default 1024)")
     args = p.parse_args()
     only = set(args.only.split(","))
     common.print_header()
@@ -554,6 +655,52 @@ def run_all(args, only, server):
                 size, status = notes[c.name]
                 print("  %s: object size %s%s" % (c.name, size, "; status: verified %s (%s)" % (
                     status["verified"], status["verification"]) if status else ""))
+
+        if "rewrite" in only:
+            drain_s = 60
+            print("\n## the reference's test_large_files (2 x 17 MiB, one rewritten): last close "
+                  "-> train exits (%d runs)" % args.rewrite_runs, flush=True)
+            results = {c.name: [] for c in contenders}
+            for i in range(args.rewrite_runs):
+                for c in rotate(i):
+                    results[c.name].append(rewrite_run(c, client, 10 * i, drain_s))
+                    elapsed, stalled, lost, _ = results[c.name][-1]
+                    print("  run %d %s: %.2f s%s%s" % (
+                        i + 1, c.name, elapsed, " STALLED" if stalled else "",
+                        " lost %s" % ", ".join(lost) if lost else ""),
+                        file=sys.stderr, flush=True)
+            rows = []
+            for c in contenders:
+                times = [r[0] for r in results[c.name]]
+                stalls = sum(r[1] for r in results[c.name])
+                lost = sum(len(r[2]) for r in results[c.name])
+                rows.append([c.name + " train", "%.2f s" % statistics.median(times),
+                             "%.2f s" % max(times), "%d/%d" % (stalls, len(times)),
+                             "%d" % lost, common.verdict(stalls == 0 and lost == 0)
+                             if c.name == "ours" else "(comparison)"])
+            common.table(["contender", "median", "max", "stalls (drain ran out)",
+                          "files lost", "target 0 stalls, 0 lost"], rows)
+
+        if "rewrite-large" in only:
+            print("\n## 1 x %d MiB rewritten 1 s after its close, while it uploads: last close "
+                  "-> train exits (%d runs)" % (args.rewrite_mib, args.runs), flush=True)
+            results = {c.name: [] for c in contenders}
+            for i in range(args.runs):
+                for c in rotate(i):
+                    results[c.name].append(large_rewrite_run(c, client, 7 * i + 1,
+                                                             args.rewrite_mib))
+                    print("  run %d %s: %.2f s, final content in S3: %s" % (
+                        (i + 1, c.name) + results[c.name][-1]), file=sys.stderr, flush=True)
+            rows = []
+            for c in contenders:
+                times = [r[0] for r in results[c.name]]
+                final = sum(r[1] for r in results[c.name])
+                rows.append([c.name + " train", "%.2f s" % statistics.median(times),
+                             " ".join("%.2f" % t for t in times), "%d/%d" % (final, len(times)),
+                             common.verdict(final == len(times)) if c.name == "ours"
+                             else "(comparison)"])
+            common.table(["contender", "median", "runs", "final content in S3",
+                          "target: every run"], rows)
 
         if "cpu" in only:
             print("\n## CPU of train while the job writes 1 file/s (%d s job; window from 4 s "

@@ -168,10 +168,17 @@ class FaultyProxy:
 
     ``resets`` and ``stalls`` count the faults actually injected (a connection
     that ends before reaching ``fault_after_bytes`` is not counted).
+
+    With ``hold`` (bytes, e.g. part of a request line), a request whose bytes
+    contain it is held: what came with them goes through, then nothing more
+    is read from the client until
+    ``release()``, so the client blocks while it sends the body (the
+    proxy's receive buffer is kept small for that). ``wait_held(n)`` waits
+    until n requests are held.
     """
 
     def __init__(self, upstream, reset_share=0.0, stall_share=0.0, fault_after_bytes=64 * 1024,
-                 seed=0):
+                 seed=0, hold=None):
         host, port = upstream.split("//", 1)[-1].rstrip("/").rsplit(":", 1)
         self.upstream = (host, int(port))
         self.reset_share = reset_share
@@ -184,7 +191,15 @@ class FaultyProxy:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._sockets = set()
+        self.hold = hold
+        self.held = 0
+        self._held_changed = threading.Condition(self._lock)
+        self._released = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
+        if hold is not None:
+            # Accepted sockets inherit it: a small, fixed receive buffer, so
+            # that a held request's body stays in the client's hands.
+            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
         self.url = "http://127.0.0.1:%d" % self._listener.getsockname()[1]
         self._acceptor = threading.Thread(target=self._accept_loop, name="faulty-proxy",
                                           daemon=True)
@@ -196,9 +211,19 @@ class FaultyProxy:
     def __exit__(self, *exc):
         self.close()
 
+    def wait_held(self, count, timeout=60):
+        """Wait until `count` requests are held; False on timeout."""
+        with self._held_changed:
+            return self._held_changed.wait_for(lambda: self.held >= count, timeout)
+
+    def release(self):
+        """Let the held requests (and any later one) go on."""
+        self._released.set()
+
     def close(self):
         """Stop accepting and drop every open connection, stalled ones included."""
         self._closed.set()
+        self._released.set()
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept(); close() alone does not
         self._listener.close()
@@ -260,6 +285,12 @@ class FaultyProxy:
                     peer[src].sendall(data)
                     if src is upstream:
                         sent_back += len(data)
+                    elif (self.hold is not None and not self._released.is_set()
+                          and self.hold in data):
+                        with self._held_changed:
+                            self.held += 1
+                            self._held_changed.notify_all()
+                        self._released.wait()
         client.close()
         upstream.close()
 

@@ -22,7 +22,7 @@ only when ``sagemaker_s3_output`` is set (or a hook calls ``start_sync``).
 import os
 
 from . import context, params
-from .intermediate.sync import (DRAIN_ENV, LIST_LIMIT, LOG_EVERY_S, STOP_EXTRA_S, Sync,
+from .intermediate.sync import (DRAIN_ENV, LOG_EVERY_S, STOP_EXTRA_S, Sync,
                                 destination, drain_seconds, job_name)
 from .intermediate.uploads import (CHANGED, CONCURRENCY, FIRST_BACKOFF_S, MAX_ATTEMPTS,
                                    MAX_BACKOFF_S, REQUEST_ATTEMPTS)
@@ -33,7 +33,7 @@ __all__ = [
     "start_sync", "sync_for_job", "IntermediateSync", "destination", "job_name", "drain_seconds",
     "expected_etag", "DRAIN_ENV", "CONCURRENCY", "MULTIPART_THRESHOLD", "MULTIPART_CHUNKSIZE",
     "REQUEST_ATTEMPTS", "MAX_ATTEMPTS", "FIRST_BACKOFF_S", "MAX_BACKOFF_S", "SETTLE_S",
-    "STOP_EXTRA_S", "RESCAN_S", "LOG_EVERY_S", "LIST_LIMIT", "REFERENCE_TMP_DIR", "CHANGED",
+    "STOP_EXTRA_S", "RESCAN_S", "LOG_EVERY_S", "REFERENCE_TMP_DIR", "CHANGED",
 ]
 
 

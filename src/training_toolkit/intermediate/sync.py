@@ -24,8 +24,6 @@ DRAIN_ENV = params.DRAIN_ENV
 STOP_EXTRA_S = 0.5
 # A failure is logged at most this often (the counts are in the status).
 LOG_EVERY_S = 30.0
-# How many problem paths the status lists.
-LIST_LIMIT = 20
 
 
 def drain_seconds(environ=os.environ):
@@ -71,6 +69,7 @@ class Status:
             "verified": None,
             "verification": None,
             "not_verified": [],
+            "not_durable": [],
             "pending_at_exit": None,
             "drain_seconds": None,
             "drain_limit_seconds": None,
@@ -80,6 +79,7 @@ class Status:
         with self.lock:
             snap = dict(self.stats)
             snap["not_verified"] = list(snap["not_verified"])
+            snap["not_durable"] = list(snap["not_durable"])
         return snap
 
     def update(self, **fields):
@@ -313,18 +313,31 @@ class Sync:
             for rel in result.again:
                 self._uploads.upload_again(rel)
             round_ += 1
-        problems = sorted(result.again)
+        self._report(present, uploaded, result)
+
+    def _report(self, present, uploaded, result):
+        """The drain's verdict: `complete` when every file is verified;
+        `unverified` when every file's last content was acknowledged by S3
+        but a listing could not check some; else `incomplete`, with a log
+        line naming every file that may not be in S3 as it is now."""
+        unchecked = sorted(result.again)
+        lost = verify.not_durable(result, present, uploaded)
+        state = "incomplete" if lost else "unverified" if unchecked else "complete"
         self._status.update(
             files_at_exit=len(present), verified=result.verified,
-            pending_at_exit=verify.pending(present, uploaded), not_verified=problems[:LIST_LIMIT],
-            verification="size+etag" if self._etag_is_md5 else "size (ETags are not MD5s)",
-            state="complete" if not problems else "incomplete")
-        if problems:
-            log.warning("intermediate output: %d of %d files not verified in %s (e.g. %s)%s"
-                        % (len(problems), len(present), self.stats["s3_uri"],
-                           ", ".join(problems[:3]),
-                           "; last error: %s" % self.stats["last_error"]
-                           if self.stats["last_error"] else ""))
+            pending_at_exit=len(verify.pending(present, uploaded)), not_verified=unchecked,
+            not_durable=lost, state=state,
+            verification="size+etag" if self._etag_is_md5 else "size (ETags are not MD5s)")
+        last_error = ("; last error: %s" % self.stats["last_error"]
+                      if self.stats["last_error"] else "")
+        if lost:
+            log.warning("intermediate output: %d of %d files may not be in %s as they are now: "
+                        "%s%s" % (len(lost), len(present), self.stats["s3_uri"],
+                                  ", ".join(lost), last_error))
+        elif unchecked:
+            log.warning("intermediate output: %d files uploaded to %s, %d of them not verified "
+                        "(the listing failed)%s" % (len(present), self.stats["s3_uri"],
+                                                    len(unchecked), last_error))
         else:
             log.info("intermediate output: %d files verified in %s (%d uploads, %.1f MB)"
                      % (result.verified, self.stats["s3_uri"], self.stats["uploads"],

@@ -4,22 +4,27 @@ uploads to S3.
 Files below MULTIPART_THRESHOLD go up with one PutObject each, from a pool of
 CONCURRENCY threads: read once, hashed, and exactly those bytes sent. Larger
 files go through boto3's transfer manager (s3transfer), multipart,
-CONCURRENCY parts at a time, while another thread hashes them from the page
-cache (the multipart ETag for the same part size). botocore retries
-transient errors; a file that still fails is tried again later with a
-backoff. One file has at most one upload in flight; a file changed while it
+CONCURRENCY parts at a time, each part read once into memory from a
+`SizedReader` and hashed as it is read (the multipart ETag of exactly the
+bytes sent). Never by file name: s3transfer would then announce each part's
+length from the size at submission and read the part while it sends it, so
+a file truncated meanwhile (rewritten in place) sent a body shorter than its
+Content-Length, and the request waited for the rest until the socket
+timeout. botocore retries transient errors; a file that still fails is
+tried again later with a backoff. One file has at most one upload in flight; a file changed while it
 uploads is uploaded again afterwards, so the object ends with the file's
 last content. Deletes are not propagated.
 
-The state is the sync thread's alone: the upload and hash workers only post
-their results, which `handle_messages` takes on that thread.
+The state is the sync thread's alone: the upload workers and the transfer
+manager's callbacks only post their results, which `handle_messages` takes
+on that thread.
 """
 import collections
 import os
 import time
 
 from .. import backoff, s3
-from .verify import MULTIPART_CHUNKSIZE, MULTIPART_THRESHOLD, expected_etag, signature
+from .verify import MULTIPART_CHUNKSIZE, MULTIPART_THRESHOLD, PartDigests, part_size, signature
 
 # Concurrent S3 requests: whole small files, or parts of large ones.
 CONCURRENCY = 10
@@ -33,6 +38,64 @@ FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 8.0
 # An upload result: the file changed while it was read (it goes up again).
 CHANGED = "changed while reading"
+
+
+class FileShrank(Exception):
+    """A file had fewer bytes than when its upload began: it is being
+    rewritten, and goes up again once it is written."""
+
+
+class SizedReader:
+    """A large file as the transfer manager reads it: opened once, its size
+    fixed by the fstat() of that open (`signature`), read in order, each read
+    whole or FileShrank, and hashed as it is read (`etag()`, once every byte
+    was read)."""
+
+    def __init__(self, path):
+        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        st = os.fstat(self._fd)
+        self.signature = signature(st)
+        self.size = st.st_size
+        self._pos = 0
+        self._digests = PartDigests(part_size(self.size))
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def tell(self):
+        return self._pos
+
+    def seek(self, offset, whence=os.SEEK_SET):
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def read(self, size=-1):
+        want = self.size - self._pos if size is None or size < 0 else size
+        want = max(0, min(want, self.size - self._pos))
+        chunks, got = [], 0
+        while got < want:
+            chunk = os.pread(self._fd, want - got, self._pos + got)
+            if not chunk:
+                raise FileShrank("%d bytes where %d were" % (self._pos + got, self.size))
+            chunks.append(chunk)
+            got += len(chunk)
+        data = b"".join(chunks)
+        self._digests.feed(self._pos, data)
+        self._pos += got
+        return data
+
+    def etag(self):
+        """The multipart ETag of what was read, or None before the end."""
+        return self._digests.etag() if self._digests.offset == self.size else None
+
+    def close(self):
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 class _File:
@@ -49,7 +112,7 @@ class _File:
         self.retry_at = None       # monotonic time of the next try after a failure
         self.submit_sig = None     # stat signature when the upload was submitted
         self.upload_result = None  # None: running; True: done; an exception: failed
-        self.hash_result = None    # (signature, etag) of the content hashed, or an exception
+        self.hash_result = None    # (signature, etag) of the content sent, or an exception
         self.sig = None            # signature of the content last uploaded in full
         self.etag = None           # its expected ETag
         self.ever_uploaded = False
@@ -85,10 +148,9 @@ class Uploads:
         self._busy = set()   # paths with an upload in flight
         self._retry = {}     # path -> monotonic time of its next try after a failure
         self._waiting = set()  # wanted before the transfer manager existed
-        self._messages = collections.deque()  # results from the transfer and hash threads
+        self._messages = collections.deque()  # results from the upload threads
         self._manager = None
         self._putter = None
-        self._hasher = None
 
     def set_up(self, endpoint_url, region, timeout_s):
         """Make the S3 client, the transfer manager and the worker pools, and
@@ -106,22 +168,29 @@ class Uploads:
         uploads = self
 
         class Done(BaseSubscriber):
-            def __init__(self, rel, gen):
-                self.rel, self.gen = rel, gen
+            def __init__(self, rel, gen, reader):
+                self.rel, self.gen, self.reader = rel, gen, reader
 
             def on_done(self, future, **kwargs):
                 try:
                     future.result()
                     result = True
+                except FileShrank:
+                    result = CHANGED
                 except BaseException as err:  # noqa: BLE001 - reported, never raised here
                     result = err
+                self.reader.close()
+                # What was read in full is known even when the upload failed
+                # (see _File.candidate).
+                etag = self.reader.etag()
+                uploads._post(("hash", self.rel, self.gen, (self.reader.signature, etag)
+                               if etag is not None else ValueError("not read in full")))
                 uploads._post(("upload", self.rel, self.gen, result))
 
         self._Done = Done
         self.client = client
         self._putter = ThreadPoolExecutor(max_workers=CONCURRENCY,
                                           thread_name_prefix="intermediate-put")
-        self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="intermediate-hash")
         self._manager = TransferManager(client, config)
         waiting, self._waiting = self._waiting, set()
         for rel in sorted(waiting):
@@ -136,9 +205,8 @@ class Uploads:
                                        cancel_msg="the drain deadline passed")
             except Exception:  # noqa: BLE001
                 pass
-        for executor in (self._putter, self._hasher):
-            if executor is not None:
-                executor.shutdown(wait=True, cancel_futures=True)
+        if self._putter is not None:
+            self._putter.shutdown(wait=True, cancel_futures=True)
 
     # What the sync asks -----------------------------------------------
 
@@ -257,29 +325,39 @@ class Uploads:
 
         if not stat_module.S_ISREG(st.st_mode):
             return
+        reader = None
+        if st.st_size >= MULTIPART_THRESHOLD:
+            try:
+                reader = SizedReader(path)
+            except OSError:
+                return  # gone since the stat
+            if reader.size < MULTIPART_THRESHOLD:  # rewritten since the stat
+                reader.close()
+                reader = None
         f.gen += 1
         f.dirty = False
         self._set_busy(rel, f, True)
-        f.submit_sig = signature(st)
+        f.submit_sig = reader.signature if reader is not None else signature(st)
         f.upload_result = f.hash_result = None
-        f.multipart = st.st_size >= MULTIPART_THRESHOLD
+        f.multipart = reader is not None
         candidate, f.candidate = f.candidate, None
         self._idle.clear()
         gen = f.gen
         try:
             if check and candidate is not None and candidate[0] == f.submit_sig:
                 self._putter.submit(self._check_object, rel, gen, candidate)
-            elif not f.multipart:
+            elif reader is None:
                 self._putter.submit(self._put_small, rel, gen, path)
             else:
-                # Hashed while it uploads: the second read comes from the page
-                # cache, on another core.
-                self._hasher.submit(self._hash, rel, gen, path)
-                self._manager.upload(path, self.bucket, self.prefix + rel,
-                                     subscribers=[self._Done(rel, gen)])
+                self._manager.upload(reader, self.bucket, self.prefix + rel,
+                                     subscribers=[self._Done(rel, gen, reader)])
+                reader = None  # the subscriber closes it
         except Exception as err:  # noqa: BLE001 - e.g. an executor refusing new work
             self._set_busy(rel, f, False)
             self._status.record_error(err, "uploading %s failed" % rel)
+        finally:
+            if reader is not None:
+                reader.close()
 
     def _put_small(self, rel, gen, path):
         """A file below the multipart threshold: one read, hashed, one PUT of
@@ -315,16 +393,6 @@ class Uploads:
         else:
             self._post(("hash", rel, gen, ValueError("not in S3")))
             self._post(("upload", rel, gen, CHANGED))
-
-    def _hash(self, rel, gen, path):
-        try:
-            before = signature(os.stat(path))
-            etag = expected_etag(path, before[0])
-            after = signature(os.stat(path))
-            result = (after, etag) if after == before else ValueError("changed while hashing")
-        except Exception as err:  # noqa: BLE001
-            result = err
-        self._post(("hash", rel, gen, result))
 
     def _settle(self, rel, f):
         """An upload (and its hash) has ended: record it, and decide whether

@@ -1,10 +1,11 @@
 """What S3 should hold of a file, and whether it holds it.
 
-`expected_etag` is the ETag arithmetic: what S3 gives a file uploaded as
-`uploads` uploads it (the MD5 below the multipart threshold, else the MD5 of
-the parts' MD5s and the part count). `verify` is the drain's verify step,
-pure: from the files present, what went up of each and the objects listed
-under the prefix, it says what is verified and what must go up again.
+`PartDigests` and `expected_etag` are the ETag arithmetic: what S3 gives a
+file uploaded as `uploads` uploads it (the MD5 below the multipart
+threshold, else the MD5 of the parts' MD5s and the part count). `verify` is
+the drain's verify step, pure: from the files present, what went up of each
+and the objects listed under the prefix, it says what is verified and what
+must go up again.
 """
 import collections
 
@@ -20,36 +21,65 @@ def signature(st):
     return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
 
 
-def expected_etag(path, size):
-    """The ETag S3 gives `path` (of `size` bytes) uploaded as the transfer
-    manager uploads it here."""
-    import hashlib
-
-    if size < MULTIPART_THRESHOLD:
-        digest = hashlib.md5(usedforsecurity=False)
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(_READ_BLOCK), b""):
-                digest.update(block)
-        return digest.hexdigest()
+def part_size(size):
+    """The part size of a multipart upload of `size` bytes, as s3transfer
+    adjusts MULTIPART_CHUNKSIZE (at most 10,000 parts)."""
     from s3transfer.utils import ChunksizeAdjuster
 
-    part_size = ChunksizeAdjuster().adjust_chunksize(MULTIPART_CHUNKSIZE, size)
-    parts = []
+    return ChunksizeAdjuster().adjust_chunksize(MULTIPART_CHUNKSIZE, size)
+
+
+class PartDigests:
+    """The multipart ETag of bytes fed in order, in parts of `part_size`."""
+
+    def __init__(self, part_size):
+        import hashlib
+
+        self._md5 = hashlib.md5
+        self._part_size = part_size
+        self._parts = []
+        self._current = self._md5(usedforsecurity=False)
+        self._in_part = 0
+        self.offset = 0  # how many bytes were fed
+
+    def feed(self, offset, data):
+        """Add `data`, which starts at `offset`: the bytes must come in order."""
+        if offset != self.offset:
+            raise ValueError("bytes at %d fed after %d: the ETag needs them in order"
+                             % (offset, self.offset))
+        view = memoryview(data)
+        while view:
+            take = min(len(view), self._part_size - self._in_part)
+            self._current.update(view[:take])
+            self._in_part += take
+            view = view[take:]
+            if self._in_part == self._part_size:
+                self._parts.append(self._current.digest())
+                self._current, self._in_part = self._md5(usedforsecurity=False), 0
+        self.offset += len(data)
+
+    def etag(self):
+        parts = self._parts + ([self._current.digest()] if self._in_part else [])
+        return "%s-%d" % (self._md5(b"".join(parts), usedforsecurity=False).hexdigest(),
+                          len(parts))
+
+
+def expected_etag(path, size):
+    """The ETag S3 gives `path` (of `size` bytes) uploaded as `uploads`
+    uploads it."""
+    import hashlib
+
     with open(path, "rb") as f:
-        while True:
-            left, digest = part_size, hashlib.md5(usedforsecurity=False)
-            while left:
-                block = f.read(min(_READ_BLOCK, left))
-                if not block:
-                    break
+        blocks = iter(lambda: f.read(_READ_BLOCK), b"")
+        if size < MULTIPART_THRESHOLD:
+            digest = hashlib.md5(usedforsecurity=False)
+            for block in blocks:
                 digest.update(block)
-                left -= len(block)
-            if left == part_size:
-                break
-            parts.append(digest.digest())
-            if left:
-                break
-    return "%s-%d" % (hashlib.md5(b"".join(parts), usedforsecurity=False).hexdigest(), len(parts))
+            return digest.hexdigest()
+        digests = PartDigests(part_size(size))
+        for block in blocks:
+            digests.feed(digests.offset, block)
+        return digests.etag()
 
 
 class Verification(collections.namedtuple("Verification",
@@ -101,5 +131,17 @@ def by_size_alone(verification, present, listed):
 
 
 def pending(present, uploaded):
-    """How many files present are not known to be in S3 as they are now."""
-    return sum(1 for rel, sig in present.items() if rel not in uploaded or uploaded[rel][0] != sig)
+    """The paths present whose content now is not known to be in S3: never
+    uploaded as they are now, or not acknowledged yet."""
+    return sorted(rel for rel, sig in present.items()
+                  if rel not in uploaded or uploaded[rel][0] != sig)
+
+
+def not_durable(verification, present, uploaded):
+    """The paths that may not be in S3 with their last content: those whose
+    object is missing or differs, and those S3 never acknowledged as they
+    are now (a path only left unchecked by a failed listing was
+    acknowledged: it is durable, if not verified)."""
+    unacknowledged = set(pending(present, uploaded))
+    return sorted(set(verification.mismatched) | set(verification.missing)
+                  | (set(verification.unknown) & unacknowledged))
