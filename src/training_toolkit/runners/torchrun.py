@@ -33,6 +33,11 @@ EFA_INSTANCES = ("ml.g4dn.8xlarge", "ml.g4dn.12xlarge", "ml.g5.48xlarge", "ml.p3
 EFA_RDMA_INSTANCES = ("ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.trn1.32xlarge")
 # The job's interpreter runs torchrun through this script (see there why).
 LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchrun_launcher.py")
+# As in the reference: the variable at exactly "1" runs the whole torchrun
+# launch as the command of the Neuron SDK's precompiler, which extracts and
+# compiles the XLA graphs of a (trial) run.
+NEURON_PARALLEL_COMPILE_ENV = "RUN_NEURON_PARALLEL_COMPILE"
+NEURON_PARALLEL_COMPILE = "neuron_parallel_compile"
 
 
 class TorchrunSettings:
@@ -58,6 +63,7 @@ class TorchrunSettings:
         self.control_port = control.control_port(os.environ)
         instance_type = fp.get(params.INSTANCE_TYPE) or env.current_instance_type
         self.network_env = network_env(instance_type, env.network_interface_name)
+        self.neuron_parallel_compile = os.environ.get(NEURON_PARALLEL_COMPILE_ENV) == "1"
 
     @property
     def world_size(self):
@@ -104,16 +110,26 @@ def plan(env, entry_point, args, extra_env=None, options=None, command=None):
     user_env[rank_wrapper.CONTROL_ENV] = "%s:%d" % (
         "127.0.0.1" if is_master else settings.master, settings.control_port)
     role = "single" if len(settings.hosts) == 1 else ("master" if is_master else "worker")
+    argv = torchrun_argv(settings, program, env.job_python)
+    notes = ["%d x %d processes; node rank %d" % (
+        len(settings.hosts), settings.per_host, settings.node_rank)]
+    if settings.neuron_parallel_compile:
+        argv = [NEURON_PARALLEL_COMPILE] + argv
+        notes.append("%s=1: torchrun runs under %s (precompiles the Neuron graphs)"
+                     % (NEURON_PARALLEL_COMPILE_ENV, NEURON_PARALLEL_COMPILE))
     return LaunchPlan(NAME, env.current_host, role,
-                      Command(torchrun_argv(settings, program, env.job_python), user_env,
-                              program_cwd(env, command)),
-                      settings=settings,
-                      notes=("%d x %d processes; node rank %d" % (
-                          len(settings.hosts), settings.per_host, settings.node_rank),))
+                      Command(argv, user_env, program_cwd(env, command)),
+                      settings=settings, notes=notes)
 
 
 def run(launch, supervisor, env, reporter):
     settings = launch.settings
+    if settings.neuron_parallel_compile and not resources.which(NEURON_PARALLEL_COMPILE):
+        raise MissingProgramError(
+            "%s=1 asks to run torchrun under %s, which is not on PATH (it comes with the AWS "
+            "Neuron SDK, as in the Neuron training images); unset %s to train without "
+            "precompiling" % (NEURON_PARALLEL_COMPILE_ENV, NEURON_PARALLEL_COMPILE,
+                              NEURON_PARALLEL_COMPILE_ENV))
     if not resources.has_module(env.job_python, "torch"):
         raise MissingProgramError("torch is not installed for %s, which runs "
                                   "torch.distributed.run (pip install torch)" % env.job_python)
