@@ -8,7 +8,7 @@ import sys
 from . import pipeline
 from .job.paths import entry_point_path
 from .runner import PlannedRunner
-from .runners import RunnerType
+from .runners import RunnerType, select
 from .runners.plan import COMMAND, entry_kind
 
 current_job = pipeline.current_job
@@ -25,12 +25,26 @@ def run(uri, user_entry_point, args, env_vars=None, wait=True, capture_error=Fal
     `capture_error` is accepted for compatibility: stderr is always relayed
     and its tail kept."""
     env, supervisor, reporter = current_job()
+    pipeline.prepare(env, supervisor, reporter, uri)
     if isinstance(runner_type, PlannedRunner):  # a runner object, as runner.get() takes one
-        pipeline.prepare(env, supervisor, reporter, uri)
+        _wait_for_other_hosts(env, reporter, runner_type._runner_type_for(env))
         return runner_type.run(wait=wait, capture_error=capture_error)
-    return pipeline.execute(env, supervisor, reporter, uri=uri, entry_point=user_entry_point,
-                            args=args, runner_type=runner_type, env_vars=env_vars,
-                            extra_opts=extra_opts, wait=wait)
+    _wait_for_other_hosts(env, reporter, runner_type or select(env))
+    return pipeline.launch(env, supervisor, reporter, entry_point=user_entry_point, args=args,
+                           runner_type=runner_type, env_vars=env_vars, extra_opts=extra_opts,
+                           wait=wait)
+
+
+def _wait_for_other_hosts(env, reporter, runner_type):
+    """With the process runner on a multi-host job, wait until the other
+    hosts' names resolve, as the reference does before any run: a hook that
+    starts its own process on every host (TensorFlow's parameter server,
+    MultiWorkerMirrored) needs them. The toolkit's multi-host runners form
+    the cluster themselves and do not wait (cluster/dns.py)."""
+    if runner_type is RunnerType.Process and env.host_count > 1:
+        from .cluster import dns
+
+        dns.wait_for_other_hosts(env, runner_type, reporter=reporter)
 
 
 def install(name, path=None, capture_error=False):

@@ -96,6 +96,9 @@ DEFAULT_MASTER_PORT = 7777
 # all checked when `train` starts (`check_settings`): name -> (kind, minimum,
 # maximum, default). A bad value is exit 78 naming the variable.
 DRAIN_ENV = "SM_INTERMEDIATE_DRAIN_SECONDS"   # 0 or less: no drain
+# 1: a file of output/intermediate/ that may not be in S3 as it is at the
+# end makes a successful job exit 74 (the training's own failure stays as it is).
+INTERMEDIATE_STRICT_ENV = "TRAINING_TOOLKIT_INTERMEDIATE_STRICT"
 CONTROL_PORT_ENV = "TRAINING_TOOLKIT_CONTROL_PORT"
 SSH_DEADLINE_ENV = "TRAINING_TOOLKIT_SSH_DEADLINE_S"
 FETCH_DEADLINE_ENV = "TRAINING_TOOLKIT_FETCH_DEADLINE_S"
@@ -104,10 +107,12 @@ PROGRESS_ENV = "TRAINING_TOOLKIT_PROGRESS_S"
 TREE_SPAWN_ENV = "TRAINING_TOOLKIT_MPI_TREE_SPAWN_HOSTS"
 MASTER_PORT_ENV = "SM_MASTER_PORT"
 ROSTER_DEADLINE_ENV = "TRAINING_TOOLKIT_ROSTER_DEADLINE_S"
+DNS_WAIT_ENV = "TRAINING_TOOLKIT_DNS_WAIT_S"   # 0: no wait
 SETTINGS = {
     MASTER_PORT_ENV: (int, 1, 65535, DEFAULT_MASTER_PORT),
     GRACE_ENV: (float, 0, MAX_GRACE_SECONDS, DEFAULT_GRACE_SECONDS),
     DRAIN_ENV: (float, None, MAX_GRACE_SECONDS, 60.0),
+    INTERMEDIATE_STRICT_ENV: (int, 0, 1, 0),
     CONTROL_PORT_ENV: (int, 1, 65535, 7780),
     SSH_DEADLINE_ENV: (float, 0, None, 600.0),
     FETCH_DEADLINE_ENV: (float, 1e-3, None, 600.0),
@@ -116,6 +121,9 @@ SETTINGS = {
     TREE_SPAWN_ENV: (int, 1, None, 64),
     # Batch starts a job's children minutes after its main node.
     ROSTER_DEADLINE_ENV: (float, 0, None, 600.0),
+    # A framework hook's entry_point.run on a multi-host job waits this long
+    # for the other hosts' names (cluster/dns.py): the reference's 15 minutes.
+    DNS_WAIT_ENV: (float, 0, None, 900.0),
 }
 
 # Names of sagemaker_training.params, for framework toolkits that import them.
