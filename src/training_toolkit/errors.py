@@ -17,7 +17,9 @@ code meaning
 72   installing the user's requirements or package failed
 73   the job succeeded but `output/success` could not be written (the
      output dir read-only, not a directory, out of inodes); failures keep theirs
-74   code fetch failed (I/O error, S3 retries exhausted within the deadline)
+74   code fetch failed (I/O error, S3 retries exhausted within the deadline);
+     with TRAINING_TOOLKIT_INTERMEDIATE_STRICT=1, a file of
+     output/intermediate/ not in S3 as it is at the end of a successful job
 77   access denied (S3 403)
 78   bad job configuration (a file, field or hyperparameter is invalid)
 79   the cluster could not be formed or was lost (hosts unreachable over
@@ -34,13 +36,13 @@ class ToolkitError(Exception):
 
     exit_code = 70
 
-    def __init__(self, message="", exit_code=None):
-        # str(): toolkits written for sagemaker_training raise ClientError(e).
-        message = message if isinstance(message, str) else str(message)
-        super().__init__(message)
-        self.message = message
-        if exit_code is not None:
-            self.exit_code = exit_code
+    def __init__(self, *args, exit_code=None):
+        # Any arguments, as the reference's ClientError (a bare Exception)
+        # takes them: toolkits raise ClientError(e), some ClientError(errno,
+        # text) as an OSError; the message is their text as Exception gives it.
+        super().__init__(*args)
+        self.message = Exception.__str__(self)
+        self.exit_code = failure_code(exit_code, self.exit_code)
 
     def __str__(self):
         return self.message
@@ -53,6 +55,16 @@ class ToolkitError(Exception):
     def label(self):
         """What the failure file's first line starts with."""
         return self.kind
+
+
+def failure_code(*candidates):
+    """The first of `candidates` that an exit status can carry as a failure
+    (an int 1-255), else 1: a string, None, True, 0 or 256 (which a process
+    would end with as 0) is never a failed job's exit code."""
+    for code in candidates:
+        if isinstance(code, int) and not isinstance(code, bool) and 0 < code < 256:
+            return code
+    return 1
 
 
 class InternalError(ToolkitError):
@@ -133,9 +145,32 @@ class OutputWriteError(ToolkitError):
         self.path = path
 
 
+class OutputNotDurableError(ToolkitError):
+    """The job succeeded, but files of output/intermediate/ may not be in S3
+    with their last content, and TRAINING_TOOLKIT_INTERMEDIATE_STRICT=1
+    makes that a failure."""
+
+    exit_code = 74
+
+    def __init__(self, uri, paths, strict_env):
+        named = ", ".join(paths[:10]) + (" and %d more" % (len(paths) - 10)
+                                         if len(paths) > 10 else "")
+        super().__init__(
+            "%d files of output/intermediate/ may not be in S3 as they are now, and %s=1 makes "
+            "that a failure (the job's program succeeded): %s (every one in status.json's "
+            "intermediate.not_durable, with the last error; destination %s)"
+            % (len(paths), strict_env, named, uri))
+        self.paths = list(paths)
+
+
 class SMTrainingCompilerConfigurationError(ConfigError):
     """The SageMaker Training Compiler is configured wrongly (the
     reference's name)."""
+
+    def __init__(self, *args):
+        # The reference's is a bare Exception: any arguments, no file or field.
+        ClientError.__init__(self, *args)
+        self.path = self.field = None
 
 
 class ChannelDoesNotExistError(ClientError):
@@ -144,7 +179,7 @@ class ChannelDoesNotExistError(ClientError):
     exit_code = 78
 
     def __init__(self, channel_name):
-        super().__init__("Channel %s is not a valid channel" % channel_name)
+        super().__init__("Channel %s is not a valid channel" % (channel_name,))
         self.channel_name = channel_name
 
 
@@ -156,7 +191,7 @@ class UnsupportedFormatError(ClientError):
             "Content type %s is not supported by this framework.\n\n"
             "Please implement input_fn to deserialize the request data or an output_fn to\n"
             "serialize the response. For more information, see the SageMaker Python SDK README."
-            % content_type)
+            % (content_type,))
         self.content_type = content_type
 
 
@@ -181,14 +216,12 @@ class FrameworkError(ClientError):
     def __init__(self, hook, error, traceback_text):
         super().__init__("the framework hook %s failed:\n%s" % (hook, traceback_text))
         self.compiler = any(path in traceback_text for path in TRAINING_COMPILER_PATHS)
-        code = getattr(error, "errno", None)
-        if isinstance(code, int) and not isinstance(code, bool) and 0 < code < 256:
-            self.exit_code = code
+        self.exit_code = failure_code(getattr(error, "errno", None), self.exit_code)
         # The tail of a failed user process the hook's error came from, if any.
         cause = error
-        while cause is not None and not isinstance(cause, _CalledProcessError):
+        while isinstance(cause, BaseException) and not isinstance(cause, _CalledProcessError):
             cause = cause.__cause__ or cause.__context__
-        self.stderr_tail = cause.stderr_tail if cause is not None else b""
+        self.stderr_tail = cause.stderr_tail if isinstance(cause, _CalledProcessError) else b""
 
     @property
     def label(self):
@@ -226,7 +259,7 @@ class _CalledProcessError(ClientError):
 
     def _summary(self):
         code = self.return_code
-        how = "exit code %s" % code
+        how = "exit code %s" % (code,)
         if isinstance(code, int) and code > 128:
             import signal
 
@@ -234,7 +267,7 @@ class _CalledProcessError(ClientError):
                 how += " (killed by %s)" % signal.Signals(code - 128).name
             except ValueError:
                 pass
-        where = " on %s" % self.where if self.where else ""
+        where = " on %s" % (self.where,) if self.where else ""
         cmd = _masked(self.cmd)
         if isinstance(cmd, (list, tuple)):
             cmd = " ".join(str(part) for part in cmd)
@@ -276,7 +309,7 @@ def _masked(cmd):
 def _as_int(code):
     try:
         return int(code)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: inf
         return code
 
 
@@ -298,5 +331,4 @@ class ExecuteUserScriptError(_CalledProcessError):
 
     def __init__(self, cmd, return_code=None, output=None, info=None, **kwargs):
         super().__init__(cmd, return_code, output, info, **kwargs)
-        code = self.return_code
-        self.exit_code = code if isinstance(code, int) and 0 < code < 256 else 1
+        self.exit_code = failure_code(self.return_code)

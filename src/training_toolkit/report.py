@@ -48,7 +48,11 @@ def write_file(path, text, mode):
 
 
 def _tail_text(tail):
-    return tail.decode("utf-8", "replace") if isinstance(tail, bytes) else (tail or "")
+    """A failed process's output as text: bytes decoded, anything else a
+    caller gave as `output` as str() shows it (the reference's text)."""
+    if isinstance(tail, (bytes, bytearray)):
+        return bytes(tail).decode("utf-8", "replace")
+    return str(tail) if tail else ""
 
 
 def summary(error):

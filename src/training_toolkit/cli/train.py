@@ -1,12 +1,17 @@
-"""sagemaker_training.cli.train: `main()` runs `train`, as the console
-script does (training_toolkit.__main__.main: signals held until `train`'s
-handlers are in place, then the job, then its exit code)."""
+"""sagemaker_training.cli.train: `main()` runs `train` as the console script
+does (signals held until `train`'s handlers are in place, then the job), and
+ends the process by SystemExit with the job's exit code, as the reference's
+does: a caller's finally blocks and atexit handlers run."""
+import sys
 
 
 def main():
-    from ..__main__ import main as train_main
+    from ..__main__ import hold_signals
 
-    train_main()
+    hold_signals()
+    from ..trainer import train
+
+    train(sys.argv[1:])
 
 
 if __name__ == "__main__":
