@@ -8,9 +8,14 @@ no input/config/, as on a cluster that is not SageMaker.
 """
 import json
 import os
+import signal
 import subprocess
+import time
 
-from jobs import TRAIN
+import psutil
+import pytest
+
+from jobs import STARTED, TRAIN, wait_for
 
 SCRIPT = ("import json, os\n"
           "keys = ('SM_HOSTS', 'SM_CURRENT_HOST', 'SM_CURRENT_HOST_RANK', 'SM_HOST_COUNT')\n"
@@ -176,3 +181,88 @@ def test_a_host_placeholder_gives_each_host_its_own_job_tree(tmp_path):
     own = tmp_path / "jobs" / socket.gethostname().partition(".")[0]
     assert json.loads((own / "output" / "status.json").read_text())["exit_code"] == 0
     assert not (tmp_path / "jobs" / "{host}").exists()
+
+
+# A rank that ignores SIGTERM: it notes when SIGTERM came (CLOCK_MONOTONIC,
+# the same clock in every process) and goes on, as a training loop blocked
+# in a C call does.
+IGNORES_SIGTERM = """\
+import json, os, signal, sys, time
+out = sys.argv[1]
+def note(signum, frame):
+    with open(os.path.join(out, ".sigterm"), "w") as f:
+        f.write(repr(time.monotonic()))
+    os.rename(os.path.join(out, ".sigterm"), os.path.join(out, "sigterm"))
+signal.signal(signal.SIGTERM, note)
+with open(os.path.join(out, ".ready"), "w") as f:
+    f.write(str(os.getpid()))
+os.rename(os.path.join(out, ".ready"), os.path.join(out, "ready"))
+deadline = time.monotonic() + 300
+while time.monotonic() < deadline:
+    time.sleep(1)
+"""
+# params.ORCHESTRATED_GRACE_SECONDS, written out: the test fails if it changes.
+ORCHESTRATED_GRACE_S = 25.0
+SAGEMAKER_GRACE_S = 110.0  # params.DEFAULT_GRACE_SECONDS, what a SageMaker job gets
+# How late the SIGKILL may come after the grace on a loaded machine: less
+# than 5 s, so that Kubernetes' and Slurm's own 30 s (the default's reason)
+# would fail too.
+KILL_SLACK_S = 4.0
+
+
+def _alive(pid):
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+@pytest.mark.timeout(150)
+def test_an_orchestrated_rank_ignoring_sigterm_is_killed_at_the_orchestrator_default(tmp_path):
+    """A single-node PyTorchJob, no SM_TERMINATION_GRACE_SECONDS: SIGTERM on
+    `train` (the pod's deletion) SIGKILLs the rank that ignores it 25 s
+    later (inside the kubelet's 30 s), not at SageMaker's 110 s."""
+    work, base, out = tmp_path / "work", tmp_path / "ml", tmp_path / "out"
+    work.mkdir()
+    out.mkdir()
+    (base / "code").mkdir(parents=True)
+    (work / "t.py").write_text(IGNORES_SIGTERM)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "PET_", "AWS_BATCH_", "SM_", "TRAINING_TOOLKIT_"))}
+    env.update({"PET_NNODES": "1", "PET_NODE_RANK": "0", "PET_NPROC_PER_NODE": "1",
+                "PET_MASTER_ADDR": "job-master-0", "PET_MASTER_PORT": "23456",
+                "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "RANK": "0",
+                "WORLD_SIZE": "1", "TRAINING_TOOLKIT_RUNNER": "process",
+                "SAGEMAKER_BASE_DIR": str(base)})
+    assert "SM_TERMINATION_GRACE_SECONDS" not in env
+    proc = subprocess.Popen([TRAIN, "--", "python3", "t.py", str(out)], cwd=work, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    STARTED.append(proc)  # killed, with its tree, if the test ends early
+    wait_for(str(out / "ready"), timeout=60)
+    rank = int((out / "ready").read_text())
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    # Bounded past the orchestrator's grace, well before SageMaker's.
+    deadline = sent + ORCHESTRATED_GRACE_S + 30
+    while _alive(rank):
+        assert time.monotonic() < deadline, (
+            "the rank still runs %.0f s after SIGTERM on train" % (time.monotonic() - sent))
+        time.sleep(0.02)
+    killed = time.monotonic()
+    _, err = proc.communicate(timeout=30)
+    err = err.decode("utf-8", "replace")
+    # The rank got SIGTERM, ignored it, and was killed: SIGKILL, at the end
+    # of train's grace (the timer is armed when train gets SIGTERM, after
+    # `sent`, and never fires early).
+    assert (out / "sigterm").exists(), err[-3000:]
+    assert float((out / "sigterm").read_text()) >= sent
+    elapsed = killed - sent
+    assert ORCHESTRATED_GRACE_S - 0.05 <= elapsed < ORCHESTRATED_GRACE_S + KILL_SLACK_S, (
+        "rank killed %.2f s after SIGTERM: the orchestrator default is %g s (SageMaker's %g s)"
+        % (elapsed, ORCHESTRATED_GRACE_S, SAGEMAKER_GRACE_S), err[-3000:])
+    assert "SIGKILL after %gs" % ORCHESTRATED_GRACE_S in err, err[-3000:]
+    assert proc.returncode == 137, err[-3000:]
+    status = json.loads((base / "output" / "status.json").read_text())
+    assert status["exit_code"] == 137, status
+    assert "killed by SIGKILL" in status["root_cause"], status
+    assert (base / "output" / "failure").read_text().splitlines()[1] == "exit code: 137"

@@ -155,6 +155,62 @@ def test_two_nodes_claiming_one_rank_the_second_is_refused(tmp_path):
     assert results["node-a"] == results["node-2"] == hosts
 
 
+def test_a_rank_claimed_from_another_name_stays_with_the_node_holding_it(tmp_path, monkeypatch):
+    """Node "a" holds rank 1; node "b" claims it: b is refused at once (its
+    `train` exits 79), while a keeps the very link it joined on (never
+    closed, never joined again) and gets the roster with its name at rank 1."""
+    import time
+
+    from training_toolkit import backoff
+    from training_toolkit.cluster.control import WorkerLink
+    from training_toolkit.cluster.wire import job_key
+
+    connects = []  # the name of each node's every join (a reconnect shows)
+    connect = WorkerLink.connect.__func__
+
+    def counted(cls, master, port, host, key, deadline, hello=None):
+        connects.append(host)
+        return connect(cls, master, port, host, key, deadline, hello=hello)
+
+    monkeypatch.setattr(WorkerLink, "connect", classmethod(counted))
+    port, master = free_port(), placement(0, count=2)
+    key = job_key(str(tmp_path), environ(port), master.identity)
+    server = roster._RosterServer(port, master, key)
+    results = {}
+
+    def join(name):
+        try:
+            results[name] = roster._join(placement(1, count=2, name=name), key, port,
+                                         time.monotonic() + 20, 20)
+        except ClusterError as e:
+            results[name] = e
+
+    a = threading.Thread(target=join, args=("a",), daemon=True)
+    b = threading.Thread(target=join, args=("b",), daemon=True)
+    try:
+        a.start()
+        assert backoff.wait_until(lambda: 1 in server.links, 10), "a never joined"
+        held = server.links[1]
+        b.start()
+        b.join(10)  # a node kept instead of refused would wait here for the roster
+        assert not b.is_alive(), "b, claiming a's rank, was not refused: %s" % (results,)
+        assert isinstance(results["b"], ClusterError), results
+        assert results["b"].exit_code == 79
+        assert "refused node rank 1 (b)" in results["b"].message
+        with server._joined:  # rank 1 is still a's, on a's first link, open
+            assert server.joins.get(1, (None,))[0] == "a", server.joins
+            assert server.links.get(1) is held, "a's link was replaced or dropped"
+        assert server.wait_for_all(time.monotonic() + 10) == []
+        hosts = server.hand_out()
+        a.join(20)
+        assert not a.is_alive(), "a never got the roster"
+    finally:
+        server.close()
+    assert hosts == ("127.0.0.1", "a")
+    assert results["a"] == hosts  # a's join succeeded, with its name at rank 1
+    assert connects == ["a", "b"], connects  # a joined once: its link was never dropped
+
+
 def test_the_same_node_joining_again_replaces_its_first_join(tmp_path):
     # A restarted pod: same name, same rank, a new connection; the old one ends.
     import time
@@ -205,6 +261,6 @@ def test_a_node_whose_master_is_gone_fails_within_the_deadline(tmp_path):
 def test_a_missing_node_fails_the_master_naming_its_rank(tmp_path):
     port = free_port()
     results = run_nodes([placement(0), placement(2)],
-                        [environ(port, TRAINING_TOOLKIT_ROSTER_DEADLINE_S="1")] * 2,
+                        [environ(port, TRAINING_TOOLKIT_ROSTER_DEADLINE_S="4")] * 2,
                         str(tmp_path))
     assert isinstance(results[0], ClusterError) and "node rank(s) 1 of" in results[0].message

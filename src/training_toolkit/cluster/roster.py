@@ -95,14 +95,16 @@ class _RosterServer(MasterControl):
                           "same rank; %s is refused" % (rank, name, held[0], name))
                 stream.close()
                 return
+            # Welcomed before it is seen: hand_out (woken by notify_all) must
+            # find its nonce set and send the roster after the welcome.
+            stream.peer_nonce = hello["nonce"].encode()
+            stream.send({"type": "welcome"})
             old = self.links.get(rank)
             self.links[rank] = stream
             self.joins[rank] = (name, dialled)
             self._joined.notify_all()
         if old is not None and old is not stream:
             old.close()  # the node again (a restarted pod): its new connection counts
-        stream.peer_nonce = hello["nonce"].encode()
-        stream.send({"type": "welcome"})
 
     def worker_lost(self, rank):
         """A node that left before the roster was sent: forget its join."""
