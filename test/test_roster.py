@@ -261,6 +261,6 @@ def test_a_node_whose_master_is_gone_fails_within_the_deadline(tmp_path):
 def test_a_missing_node_fails_the_master_naming_its_rank(tmp_path):
     port = free_port()
     results = run_nodes([placement(0), placement(2)],
-                        [environ(port, TRAINING_TOOLKIT_ROSTER_DEADLINE_S="4")] * 2,
+                        [environ(port, TRAINING_TOOLKIT_ROSTER_DEADLINE_S="10")] * 2,
                         str(tmp_path))
     assert isinstance(results[0], ClusterError) and "node rank(s) 1 of" in results[0].message
