@@ -31,13 +31,18 @@ setup(
         "isal",
         "retrying",    # imported by framework hooks (the DLC toolkits) that run on the toolkit
     ],
+    # pytest 8.2: reads the README's light tests from a file (`pytest @test/light-tests.txt`);
     # psutil: the tests prove no process outlives a job; six: the real DLC hook imports it;
     # scipy: the encoders' tests write sparse matrices as recordio-protobuf (the encoders
     # import numpy when called, scipy never: sparse input comes with it); protobuf: as below;
     # pytest-timeout: a multi-host or control-channel test that hangs fails (with every
-    # thread's stack) instead of holding the run until CI's own limit (test/conftest.py).
-    extras_require={"test": ["pytest", "moto[server]", "hypothesis", "numpy", "mpi4py",
-                             "psutil", "six", "scipy", "protobuf", "pytest-timeout>=2.1"],
+    # thread's stack) instead of holding the run until CI's own limit (test/conftest.py);
+    # import-linter: `lint-imports` checks the layers of docs/architecture.md (the contracts in
+    # pyproject.toml; test/test_architecture.py), 2.17 for its acyclic_siblings contract, which
+    # needs Python 3.11 (that test skips on older Pythons).
+    extras_require={"test": ["pytest>=8.2", "moto[server]", "hypothesis", "numpy", "mpi4py",
+                             "psutil", "six", "scipy", "protobuf", "pytest-timeout>=2.1",
+                             "import-linter>=2.17; python_version >= '3.11'"],
                     # recordio-protobuf only (record_pb2's messages, used by recordio and
                     # encoders.array_to_recordio_protobuf, imported only then): the Record
                     # classes are protobuf's own; the reference depends on protobuf too.

@@ -266,7 +266,7 @@ def growth(host_counts, runs, svg):
 
 
 def main():
-    p = common.parser(__doc__.splitlines()[0], runs=5)
+    p = common.parser(__doc__.splitlines()[0], runs=5, ours_packages=["mpi4py"])
     p.add_argument("--ref-runs", type=int, default=3)
     p.add_argument("--ref-timeout", type=float, default=420.0,
                    help="seconds before a reference host's train is given up on")

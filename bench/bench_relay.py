@@ -212,6 +212,9 @@ def main():
     p.add_argument("--choices", action="store_true",
                    help="time the relay designs side by side (stderr only, no `train`)")
     args = p.parse_args()
+    for also in args.also:
+        if not common.has_train(also.partition("=")[2]):
+            p.fail("--also %s: no bin/train in %s" % (also, also.partition("=")[2]))
     if args.mb is None:
         args.mb = QUICK_MB if args.quick else DEFAULT_MB
     if args.quick and not any(a == "--runs" or a.startswith("--runs=") for a in sys.argv):

@@ -308,7 +308,7 @@ def fail_fast(bench, runs):
 
 
 def main():
-    p = common.parser(__doc__.splitlines()[0], runs=5)
+    p = common.parser(__doc__.splitlines()[0], runs=5, contenders=False)
     p.add_argument("--sizes", default="2:5,8:3", help="NODES:RUNS,... (the clusters)")
     p.add_argument("--cases", default="overhead,fail-fast", help="overhead, fail-fast")
     args = p.parse_args()

@@ -264,7 +264,7 @@ def fail_fast(root, runs):
 
 
 def main():
-    p = common.parser(__doc__.splitlines()[0], runs=5)
+    p = common.parser(__doc__.splitlines()[0], runs=5, contenders=False)
     p.add_argument("--cases", default="overhead,fail-fast",
                    help="any of overhead (2x2), fail-fast (2x2), growth (--hosts)")
     p.add_argument("--hosts", default="2,4,8,16", help="host counts of the growth case")

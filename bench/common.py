@@ -4,30 +4,144 @@ lines, contenders run alternately, and small text tables.
 Every benchmark times whole processes from the outside (Popen to exit), so
 the interpreter that runs the benchmark itself does not matter; the
 contenders run from the virtual environments given with --ours-venv and
---ref-venv.
+--ref-venv (see `parser`). The benchmarks import training_toolkit from this
+working tree's src/.
 """
 import argparse
+import hashlib
 import os
 import shlex
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
-OURS_VENV = "/opt/tt-bench"
-REF_VENV = "/opt/sagemaker-training-reference"  # made by scripts/reference-venv.sh
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "src"))
+
+REF_VENV = "/opt/sagemaker-training-reference"  # made by scripts/reference-venv.sh
+# --ours-venv where this Python has no `train`: built from the working tree, again only
+# when its sources change.
+BUILT_VENV = os.path.join(tempfile.gettempdir(), "tt-bench", "venv")
 WORK = os.path.join(HERE, ".work")  # job trees and scripts (git-ignored)
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-def parser(description, runs):
-    p = argparse.ArgumentParser(description=description)
-    p.add_argument("--ours-venv", default=OURS_VENV, help="venv with training-toolkit installed")
-    p.add_argument("--ref-venv", default=REF_VENV, help="venv with sagemaker-training installed")
+class VenvParser(argparse.ArgumentParser):
+    """A benchmark's options, and the contenders' venvs checked once parsed:
+    --ours-venv (default: this Python's environment where it has `train`, else
+    BUILT_VENV, built here) and --ref-venv unless --no-ref. A venv without
+    `bin/train`, or a build that fails, ends the benchmark with one line naming
+    the option, exit code 2 (as argparse's usage errors)."""
+
+    def __init__(self, *args, ours_packages=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ours_packages = list(ours_packages)
+
+    def parse_args(self, args=None, namespace=None):
+        parsed = super().parse_args(args, namespace)
+        if not parsed.no_ref and not has_train(parsed.ref_venv):
+            self.fail("--ref-venv %s has no bin/train: make it with scripts/reference-venv.sh "
+                      "%s, or give --ref-venv DIR, or --no-ref" % (parsed.ref_venv,
+                                                                   parsed.ref_venv))
+        parsed.ours_venv = self.ours_venv(parsed.ours_venv)
+        return parsed
+
+    def fail(self, message):
+        print("%s: error: %s" % (self.prog, message), file=sys.stderr, flush=True)
+        sys.exit(2)
+
+    def ours_venv(self, given):
+        if given is not None:
+            if not has_train(given):
+                self.fail("--ours-venv %s has no bin/train: give a venv with training-toolkit "
+                          "installed, or leave --ours-venv out to build one from this working "
+                          "tree" % given)
+            return given
+        if has_train(sys.prefix):
+            print("ours: %s, this Python's environment (--ours-venv DIR for another)"
+                  % sys.prefix, file=sys.stderr, flush=True)
+            return sys.prefix
+        return self.build_ours()
+
+    def build_ours(self):
+        """BUILT_VENV with this working tree installed (not editable) and
+        `ours_packages`, made again only when the sources or those change."""
+        stamp_path = os.path.join(BUILT_VENV, "tt-bench-stamp")
+        stamp = sources_digest(self.ours_packages)
+        if has_train(BUILT_VENV) and read_text(stamp_path) == stamp:
+            print("ours: %s, built from this working tree (--ours-venv DIR for another)"
+                  % BUILT_VENV, file=sys.stderr, flush=True)
+            return BUILT_VENV
+        print("ours: building %s from this working tree (--ours-venv DIR to give one)"
+              % BUILT_VENV, file=sys.stderr, flush=True)
+        log_path = BUILT_VENV + ".log"
+        steps = [[sys.executable, "-m", "venv", BUILT_VENV],
+                 [os.path.join(BUILT_VENV, "bin", "python3"), "-m", "pip", "install", "--no-input",
+                  ROOT] + self.ours_packages]
+        try:
+            shutil.rmtree(BUILT_VENV, ignore_errors=True)
+            os.makedirs(os.path.dirname(BUILT_VENV), exist_ok=True)
+            with open(log_path, "w") as log:
+                failed = next((argv for argv in steps if subprocess.call(
+                    argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)), None)
+        except OSError as e:
+            self.fail("building %s failed (%s): give --ours-venv DIR, a venv with "
+                      "training-toolkit installed" % (BUILT_VENV, e))
+        if failed:
+            self.fail("building %s failed (%s, log %s): give --ours-venv DIR, a venv with "
+                      "training-toolkit installed" % (BUILT_VENV, shlex.join(failed[:5]), log_path))
+        write(stamp_path, stamp)
+        return BUILT_VENV
+
+
+def has_train(venv):
+    return all(os.access(os.path.join(venv, "bin", name), os.X_OK)
+               for name in ("train", "python3"))
+
+
+def read_text(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def sources_digest(packages):
+    """What an install of the working tree depends on: setup.py, the package's
+    files, and the packages installed beside it."""
+    digest = hashlib.sha256(" ".join(packages).encode())
+    paths = [os.path.join(ROOT, "setup.py")]
+    for top, dirs, files in os.walk(os.path.join(ROOT, "src", "training_toolkit")):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        paths += [os.path.join(top, name) for name in sorted(files)]
+    for path in paths:
+        digest.update(os.path.relpath(path, ROOT).encode() + b"\0")
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()
+
+
+def parser(description, runs, contenders=True, ours_packages=()):
+    """The options every benchmark has (--runs) and, with `contenders`, the
+    venvs `train` is timed from (VenvParser): --ours-venv, --ref-venv, --no-ref;
+    `ours_packages` are installed beside the toolkit where this builds the venv."""
+    if not contenders:
+        p = argparse.ArgumentParser(description=description)
+    else:
+        p = VenvParser(description=description, ours_packages=ours_packages)
+        p.add_argument("--ours-venv", help="venv with training-toolkit installed (default: this "
+                       "Python's environment where it has `train`, else %s, built from the "
+                       "working tree)" % BUILT_VENV)
+        p.add_argument("--ref-venv", default=REF_VENV,
+                       help="venv with sagemaker-training installed (scripts/reference-venv.sh "
+                       "DIR makes one; default %(default)s)")
+        p.add_argument("--no-ref", action="store_true", help="skip the reference toolkit")
     p.add_argument("--runs", type=int, default=runs, help="timed runs per contender")
-    p.add_argument("--no-ref", action="store_true", help="skip the reference toolkit")
     return p
 
 

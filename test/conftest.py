@@ -26,6 +26,22 @@ from s3_fixtures import *  # noqa: F403
 
 from jobs import kill_started
 
+
+
+@pytest.fixture(autouse=True, scope="session")
+def private_cache(tmp_path_factory):
+    """`training-toolkit local` keeps job trees and job venvs under
+    $XDG_CACHE_HOME: the session's own, never the user's ~/.cache (a test
+    that needs another sets its own)."""
+    saved = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    yield
+    if saved is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = saved
+
+
 # A test module whose source holds one of these runs jobs on simulated hosts
 # or talks to the control channel between hosts.
 BOUNDED_MODULE_WORDS = ("cluster_jobs", "simcluster", "SimCluster", "control.MasterControl",

@@ -2,6 +2,7 @@
 modules, errors, params) on their own: what test_reference_compat.py cannot
 compare with the reference, or where we differ from it on purpose."""
 import os
+import site
 import subprocess
 import sys
 import tarfile
@@ -174,6 +175,11 @@ def test_import_module_installs_and_imports(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages",
                     str(venv)], check=True)
+    # This Python's own site-packages too: where it is a venv itself, --system-site-packages
+    # gives only its base interpreter's, without the toolkit.
+    site_packages = venv / "lib" / ("python%d.%d" % sys.version_info[:2]) / "site-packages"
+    (site_packages / "this-python.pth").write_text("".join(
+        "import site; site.addsitedir(%r)\n" % path for path in site.getsitepackages()))
     archive = tmp_path / "sourcedir.tar.gz"
     src = tmp_path / "src"
     src.mkdir()

@@ -189,18 +189,14 @@ def job_env(hosts, current_host="algo-1"):
                                  host_count=len(hosts))
 
 
-def test_only_the_process_runner_on_several_hosts_waits_for_the_other_hosts():
+def test_a_wait_covers_the_other_hosts_unless_turned_off():
     env = job_env(["algo-1", "algo-2", "algo-3"])
-    assert dns.hosts_to_wait_for(env, RunnerType.Process, {}) == ["algo-2", "algo-3"]
-    # The toolkit's own runners form the cluster themselves.
-    for runner_type in RunnerType:
-        if runner_type is not RunnerType.Process:
-            assert dns.hosts_to_wait_for(env, runner_type, {}) == [], runner_type
-    assert dns.hosts_to_wait_for(job_env(["algo-1"]), RunnerType.Process, {}) == []
-    assert dns.hosts_to_wait_for(env, RunnerType.Process, {WAIT: "0"}) == []
-    assert dns.hosts_to_wait_for(env, RunnerType.Process, {"SM_STUDIO_LOCAL_MODE": "True"}) == []
+    assert dns.hosts_to_wait_for(env, {}) == ["algo-2", "algo-3"]
+    assert dns.hosts_to_wait_for(job_env(["algo-1"]), {}) == []
+    assert dns.hosts_to_wait_for(env, {WAIT: "0"}) == []
+    assert dns.hosts_to_wait_for(env, {"SM_STUDIO_LOCAL_MODE": "True"}) == []
     with pytest.raises(ConfigError) as e:
-        dns.hosts_to_wait_for(env, RunnerType.Process, {WAIT: "-5"})
+        dns.hosts_to_wait_for(env, {WAIT: "-5"})
     assert e.value.exit_code == 78 and str(e.value).startswith(WAIT + ": ")
     assert params.setting({}, WAIT) == 900.0
 

@@ -474,9 +474,10 @@ def test_plan_and_env_commands(tmp_path):
 
 
 @pytest.mark.parametrize("command", ["env", "plan"])
-def test_a_reader_that_left_is_141_without_a_traceback(tmp_path, command):
+def test_a_reader_that_left_is_0_without_a_traceback(tmp_path, command):
     # `training-toolkit env | head`: the pipe's reader is gone before the
-    # first write (its read end closed here), which used to be exit 70.
+    # first write (its read end closed here), which used to be exit 70, then
+    # 141 or 0 by timing (test_cli_terminal.py repeats it).
     job = Job(tmp_path, {"train.py": "print(1)"})
     read_end, write_end = os.pipe()
     os.close(read_end)
@@ -485,7 +486,7 @@ def test_a_reader_that_left_is_141_without_a_traceback(tmp_path, command):
                            stderr=subprocess.PIPE, timeout=60)
     finally:
         os.close(write_end)
-    assert r.returncode == 141, r.stderr.decode()
+    assert r.returncode == 0, r.stderr.decode()
     assert r.stderr == b""
 
 

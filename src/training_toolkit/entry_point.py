@@ -44,7 +44,7 @@ def _wait_for_other_hosts(env, reporter, runner_type):
     if runner_type is RunnerType.Process and env.host_count > 1:
         from .cluster import dns
 
-        dns.wait_for_other_hosts(env, runner_type, reporter=reporter)
+        dns.wait_for_other_hosts(env, reporter=reporter)
 
 
 def install(name, path=None, capture_error=False):

@@ -108,6 +108,11 @@ TREE_SPAWN_ENV = "TRAINING_TOOLKIT_MPI_TREE_SPAWN_HOSTS"
 MASTER_PORT_ENV = "SM_MASTER_PORT"
 ROSTER_DEADLINE_ENV = "TRAINING_TOOLKIT_ROSTER_DEADLINE_S"
 DNS_WAIT_ENV = "TRAINING_TOOLKIT_DNS_WAIT_S"   # 0: no wait
+# 1: the user's interpreter already has what the code dir asks pip for (`local`
+# installed it once, outside its simulated hosts, which have no network): no pip.
+SKIP_INSTALL_ENV = "TRAINING_TOOLKIT_SKIP_INSTALL"
+# How many job trees `training-toolkit local` keeps in its cache dir.
+KEEP_JOBS_ENV = "TRAINING_TOOLKIT_KEEP_JOBS"
 SETTINGS = {
     MASTER_PORT_ENV: (int, 1, 65535, DEFAULT_MASTER_PORT),
     GRACE_ENV: (float, 0, MAX_GRACE_SECONDS, DEFAULT_GRACE_SECONDS),
@@ -124,6 +129,8 @@ SETTINGS = {
     # A framework hook's entry_point.run on a multi-host job waits this long
     # for the other hosts' names (cluster/dns.py): the reference's 15 minutes.
     DNS_WAIT_ENV: (float, 0, None, 900.0),
+    SKIP_INSTALL_ENV: (int, 0, 1, 0),
+    KEEP_JOBS_ENV: (int, 1, None, 10),
 }
 
 # Names of sagemaker_training.params, for framework toolkits that import them.

@@ -1,6 +1,6 @@
 """The corridor: the phases of one host's job, from the code to the user's exit.
 
-fetch -> install -> check the entry point -> plan -> run, each recorded by
+fetch -> check the entry point -> install -> plan -> run, each recorded by
 the job's Reporter (`_phase`). `train` runs them all through `execute`; the
 drop-in faces (`entry_point.run`, `runner.get(...).run()`, the reference's
 runner classes) through `prepare` and `launch`, on the job `current_job()`
@@ -89,7 +89,7 @@ def install_dependencies(env, supervisor):
     """pip installs what the job asks for: its requirements file (a missing
     one is an error where the job requires it, else skipped) and, where the
     code dir is a package (setup.py/pyproject.toml), the code dir itself."""
-    from .install import install as pip_install
+    from .install import install as pip_install, install_steps
 
     requirements = env.requirements
     if requirements and (env.requirements_required
@@ -102,6 +102,11 @@ def install_dependencies(env, supervisor):
                                     uri=env.requirements_source[0])
     else:
         requirements = None
+    if params.setting(os.environ, params.SKIP_INSTALL_ENV):
+        if install_steps(env.code_dir, env.job_python, requirements, env.code_as_package):
+            log.info("no pip install: %s=1 (%s has what the code asks for)"
+                     % (params.SKIP_INSTALL_ENV, env.job_python))
+        return
     pip_install(env.code_dir, supervisor, env.job_python, requirements=requirements,
                 package=env.code_as_package)
 
@@ -110,25 +115,52 @@ def check_entry_point(env, entry_point):
     """The entry point must exist before anything starts; a `.sh` or other
     command loses its exec bit in some archives, so restore it. A job that
     runs a command or a driver instead needs none."""
-    if not named_entry_point(env, entry_point):
-        return
     # Again now that the code, and any link in it, is here.
-    path = entry_point_path(env.code_dir, entry_point, *env.entry_point_source)
-    kind = entry_kind(env.code_dir, entry_point, packages=env.code_as_package)
-    if kind == PYTHON_PACKAGE:
-        return
-    if not os.path.isfile(path):
-        try:
-            present = sorted(os.listdir(env.code_dir))[:20]
-        except OSError:
-            present = []
-        raise CodeNotFoundError("entry point %r not found in %s (it holds: %s)"
-                                % (entry_point, env.code_dir, ", ".join(present) or "nothing"),
-                                uri=env.module_dir)
-    if kind == COMMAND:
+    found = require_entry_point(env, entry_point, env.code_dir)
+    if found is not None and found[1] == COMMAND:
+        path = found[0]
         mode = os.stat(path).st_mode
         if not mode & stat.S_IXUSR:
             os.chmod(path, mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+def require_entry_point(env, entry_point, code_dir):
+    """(path, kind) of the entry point, which `code_dir` must hold; None for
+    a job that runs a command or a driver without one, or a package's module
+    (found once the package is installed). CodeNotFoundError where it is
+    missing. Reads only."""
+    if not named_entry_point(env, entry_point):
+        return None
+    path = entry_point_path(code_dir, entry_point, *env.entry_point_source)
+    kind = entry_kind(code_dir, entry_point, packages=env.code_as_package)
+    if kind == PYTHON_PACKAGE:
+        return None
+    if not os.path.isfile(path):
+        try:
+            present = sorted(os.listdir(code_dir))[:20]
+        except OSError:
+            present = []
+        raise CodeNotFoundError("entry point %r not found in %s (it holds: %s)"
+                                % (entry_point, code_dir, ", ".join(present) or "nothing"),
+                                uri=env.module_dir)
+    return path, kind
+
+
+def check_entry_point_before_fetch(env):
+    """`training-toolkit plan`'s check of the job's entry point, where the
+    code can be read before `train` fetches it: in the code dir when it holds
+    code already, else in a local submit directory. Code in S3 or in an
+    archive is checked only once fetched, and a framework hook runs what it
+    chooses."""
+    if env.framework_module or env.code_archive:
+        return
+    code_dir = env.code_dir
+    if not is_populated(code_dir):
+        uri = str(env.module_dir)
+        code_dir = uri[len("file://"):] if uri.startswith("file://") else uri
+        if "://" in code_dir or not os.path.isdir(code_dir):
+            return
+    require_entry_point(env, env.user_entry_point, code_dir)
 
 
 def named_entry_point(env, entry_point):
@@ -201,8 +233,14 @@ def launch(env, supervisor, reporter, entry_point=None, args=None, runner_type=N
 
 def execute(env, supervisor, reporter, uri=None, entry_point=None, args=None,
             runner_type=None, env_vars=None, extra_opts=None, wait=True, command=None):
-    """Fetch, install and run (see `launch`)."""
-    prepare(env, supervisor, reporter, uri)
+    """Fetch, install and run (see `launch`). The job's own entry point (not
+    an explicit command) is checked as soon as the code is here: a missing
+    one fails before pip installs anything."""
+    uri = env.module_dir if uri is None else uri
+    _phase(reporter, "fetch", fetch, env, uri)
+    if command is None:
+        check_entry_point(env, entry_point or env.user_entry_point)
+    _phase(reporter, "install", install_dependencies, env, supervisor)
     return launch(env, supervisor, reporter, entry_point, args, runner_type, env_vars,
                   extra_opts, wait, command)
 

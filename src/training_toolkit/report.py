@@ -5,7 +5,7 @@ import os
 import time
 
 from . import log
-from .errors import ExecuteUserScriptError, OutputWriteError, ToolkitError
+from .errors import ExecuteUserScriptError, InstallError, OutputWriteError, ToolkitError
 from .redact import one_line
 
 # The platform shows the first 1024 characters of `failure`: the summary and
@@ -110,14 +110,17 @@ def failure_text(error):
     if not tail_lines[-1]:
         tail_lines.pop()
     room = max(HEADLINE_CHARS - len(head) - 40, 200)
+    # pip's lines are kept whole: its error and the cause it names (a name
+    # that does not resolve, an index that refused) are at their ends.
+    limit = room if isinstance(error, InstallError) else EXCERPT_LINE_CHARS
     excerpt, used = [], 0
-    for line in reversed(_quoted(tail_lines, EXCERPT_LINE_CHARS)):
+    for line in reversed(_quoted(tail_lines, limit)):
         if excerpt and used + len(line) + 1 > room:
             break
         excerpt.insert(0, line)
         used += len(line) + 1
     text = head + "stderr (last lines):\n" + "\n".join(excerpt) + "\n"
-    if len(excerpt) < len(tail_lines) or any(len(t) > EXCERPT_LINE_CHARS for t in tail_lines):
+    if len(excerpt) < len(tail_lines) or any(len(t) > limit for t in tail_lines):
         text += "--- stderr tail (%d bytes) ---\n%s\n" % (len(tail), "\n".join(_quoted(tail_lines)))
     return text
 

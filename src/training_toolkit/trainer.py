@@ -9,10 +9,10 @@ import sys
 import time
 
 from . import context, log, params, pipeline, proctree
-from .errors import (ClientError, FrameworkError, InternalError, OutputNotDurableError,
-                     OutputWriteError, ToolkitError, UsageError)
+from .errors import (ClientError, ConfigError, FrameworkError, InternalError,
+                     OutputNotDurableError, OutputWriteError, ToolkitError, UsageError)
 from .job.environment import Environment
-from .job.paths import JobPaths
+from .job.paths import JobPaths, require_job
 from .report import Reporter
 from .supervise import Supervisor, Terminated
 
@@ -91,11 +91,16 @@ def explicit_command(argv):
     `train train` (SageMaker starts an image as `<entrypoint> train`)."""
     if not argv or argv == ["train"]:
         return None
-    if argv[0] == "--" and len(argv) > 1:
+    if names_command(argv):
         return list(argv[1:])
     raise UsageError("unexpected arguments %s: run `train` (or `train train`) for the job's "
                      "own entry point, or `train -- COMMAND [ARGS...]` for an explicit command"
                      % " ".join(argv))
+
+
+def names_command(argv):
+    """Whether `argv` is `-- COMMAND [ARGS]`."""
+    return len(argv) > 1 and argv[0] == "--"
 
 
 def train(argv=()):
@@ -109,6 +114,11 @@ def train(argv=()):
 def run_job(argv=()):
     """The whole job on this host; returns the exit code."""
     paths = JobPaths.from_environ()
+    try:  # before the reporter: where there is no job, nothing is written
+        require_job(paths, os.environ, command_given=names_command(list(argv)))
+    except ConfigError as error:
+        log.error("%s: %s" % (error.label, error.message))
+        return error.exit_code
     reporter = Reporter(paths)
     reporter.forget_earlier_attempt()
     supervisor = Supervisor(params.DEFAULT_GRACE_SECONDS)  # the job's own, once checked

@@ -1,111 +1,32 @@
 """`training-toolkit`: run a job locally, print a job's plan or environment,
-draw where its time went."""
+draw where its time went, remove what `local` left behind."""
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 
-from .. import params
+from .. import __version__, params
 from ..errors import ConfigError, InternalError, ToolkitError, UsageError
 from ..redact import mask
-
-
-def _pairs(values, what):
-    out = {}
-    for item in values or ():
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError("%s %r: expected NAME=VALUE" % (what, item))
-        out[key] = value
-    return out
+from .local_args import DEFAULT_ENTRY_POINT, check_local_args
 
 
 def cmd_local(args):
-    from ..rehearsal.jobtree import reset_run_state, write_job_tree
+    code_dir, entry, channels, hps = check_local_args(args)  # before anything is created
+    from ..rehearsal.jobvenv import hosts_environ
 
-    code_dir = os.path.abspath(args.code_dir)
-    if not os.path.isdir(code_dir):
-        raise UsageError("code dir %s does not exist" % code_dir)
-    entry = args.entry_point or "train.py"
-    if not os.path.exists(os.path.join(code_dir, entry)):
-        raise UsageError("entry point %s not found in %s (use --entry-point)" % (entry, code_dir))
-    channels = _pairs(args.channel, "--channel")
-    for name, path in channels.items():
-        if not os.path.isdir(path):
-            raise UsageError("--channel %s=%s: not a directory" % (name, path))
-    job_dir = os.path.abspath(args.job_dir) if args.job_dir else tempfile.mkdtemp(prefix="tt-job-")
-    hps = _pairs(args.hp, "--hp")
-    if args.orchestrator not in (None, "none"):
-        return _local_orchestrated(args, job_dir, entry, code_dir, channels, hps)
-    for flag, given in (("--processes-per-host", args.processes_per_host is not None),
-                        ("--mpi-workers", args.mpi_workers != "sshd"),
-                        ("--mpi-launcher-as-worker", args.mpi_launcher_as_worker)):
-        if given:
-            raise UsageError("%s needs --orchestrator" % flag)
-    if args.image:
-        return _local_containers(args, job_dir, entry, code_dir, channels, hps)
-    if args.hosts > 1:
-        return _local_cluster(args, job_dir, entry, code_dir, channels, hps)
-    reset_run_state(job_dir)
-    paths = write_job_tree(job_dir, entry, code_dir, channels=channels, raw_hyperparameters=hps)
-    _write_distributed(args, job_dir, entry, code_dir)
-    env = dict(os.environ)
-    env[params.BASE_DIR_ENV] = job_dir
-    print("[training-toolkit] job tree: %s" % job_dir, file=sys.stderr, flush=True)
-    code = subprocess.call([sys.executable, "-m", "training_toolkit"], env=env)
-    verdict = "succeeded" if code == 0 else "failed with exit code %d" % code
-    print("[training-toolkit] job %s\n  model:  %s\n  output: %s"
-          % (verdict, paths.model_dir, paths.output_dir), file=sys.stderr, flush=True)
-    return code
+    # The job venv (or the chosen interpreter), installed into once: every
+    # host's `train` inherits our environment.
+    os.environ.update(hosts_environ(args, code_dir))
+    from .local import run_local  # the job tree, signals, the hosts, the verdict
+
+    return run_local(args, code_dir, entry, channels, hps)
 
 
-def _write_distributed(args, job_dir, entry, code_dir):
-    """--distributed: put a DistributedConfig into the job tree (v3 layout)."""
-    if not args.distributed:
-        return
-    from ..rehearsal.v3tree import config_from_cli, write_job
+def cmd_clean(args):
+    from .local import clean
 
-    config = config_from_cli(args.distributed, _pairs(args.config, "--config"), args.driver_dir)
-    write_job(config, job_dir, entry, source_dir=code_dir, driver_root=args.driver_dir)
-
-
-def _host_trees(args, job_dir, entry, code_dir, channels, hps, submit_dir):
-    """One job tree per host, `job_dir/algo-K`, as the platform lays them out."""
-    from ..rehearsal.jobtree import reset_run_state, write_job_tree
-
-    hosts = ["algo-%d" % (i + 1) for i in range(args.hosts)]
-    roots = [os.path.join(job_dir, h) for h in hosts]
-    for host, root in zip(hosts, roots):
-        reset_run_state(root)
-        write_job_tree(root, entry, submit_dir, channels=channels, raw_hyperparameters=hps,
-                       hosts=hosts, current_host=host, network_interface_name="eth0")
-        _write_distributed(args, root, entry, code_dir)
-    return hosts, roots
-
-
-def _verdict(hosts, roots, codes):
-    """Say where each host's model/ and output/ are; the job's exit code is
-    the first failing host's."""
-    for host, root, code in zip(hosts, roots, codes):
-        print("[training-toolkit] %s: %s\n  model:  %s/model\n  output: %s/output"
-              % (host, "succeeded" if code == 0 else "failed with exit code %d" % code,
-                 root, root), file=sys.stderr, flush=True)
-    _draw_timeline(os.path.dirname(roots[0]))
-    return next((c for c in codes if c != 0), 0)
-
-
-def _draw_timeline(job_dir):
-    """The job's picture (JOB_DIR/timeline.svg); one that cannot be drawn is
-    said, and never changes the job's exit code."""
-    from ..rehearsal.timeline import write_picture
-
-    try:
-        print("[training-toolkit] timeline: %s" % write_picture(job_dir), file=sys.stderr,
-              flush=True)
-    except ToolkitError as e:
-        print("[training-toolkit] no timeline: %s" % e.message, file=sys.stderr, flush=True)
+    return clean()
 
 
 def cmd_timeline(args):
@@ -115,84 +36,16 @@ def cmd_timeline(args):
     return 0
 
 
-def _local_cluster(args, job_dir, entry, code_dir, channels, hps):
-    """Rehearse a multi-host job: N simulated hosts (Linux namespaces, root),
-    each running `train` on its own job tree mounted at /opt/ml."""
-    from ..rehearsal.simcluster import SimCluster
-
-    hosts, roots = _host_trees(args, job_dir, entry, code_dir, channels, hps, code_dir)
-    shared = [job_dir, code_dir] + [os.path.abspath(p) for p in channels.values()]
-    env = {k: v for k, v in os.environ.items() if k not in (params.BASE_DIR_ENV, "TMPDIR")}
-    train = [sys.executable, "-m", "training_toolkit"]  # also where no `train` script was made
-    print("[training-toolkit] %d simulated hosts, job trees under %s" % (len(hosts), job_dir),
-          file=sys.stderr, flush=True)
-    with SimCluster(len(hosts), roots, shared_paths=shared) as cluster:
-        procs = [cluster.popen(h, train, env=env) for h in hosts]
-        codes = [p.wait() for p in procs]
-    return _verdict(hosts, roots, codes)
-
-
-def _local_containers(args, job_dir, entry, code_dir, channels, hps):
-    """Run the job in N containers of --image (docker or podman), on a
-    network of their own, each with its own job tree at /opt/ml. Nothing in
-    a container refers to a host path: the code is copied into each tree's
-    code/, and channels are mounted read-only."""
-    import signal
-
-    from ..rehearsal import containers
-
-    if args.hosts < 1:
-        raise UsageError("--hosts %d: must be at least 1" % args.hosts)
-    hosts, roots = _host_trees(args, job_dir, entry, code_dir, channels, hps,
-                               containers.CODE_DIR)
-    for root in roots:
-        mounts = containers.prepare_tree(root, code_dir, channels)  # the same for every host
-    # SIGTERM ends us like Ctrl-C: through `with`, which removes the containers.
-    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
-    with containers.Cluster(args.image, roots, mounts) as cluster:
-        print("[training-toolkit] %d container(s) of %s (%s), job trees under %s"
-              % (len(hosts), args.image, cluster.engine, job_dir), file=sys.stderr, flush=True)
-        try:
-            codes = cluster.start().wait()
-        except KeyboardInterrupt:
-            print("[training-toolkit] interrupted: removing the containers", file=sys.stderr,
-                  flush=True)
-            return 130
-    return _verdict(hosts, roots, [codes[h] for h in hosts])
-
-
-def _local_orchestrated(args, job_dir, entry, code_dir, channels, hps):
-    """Rehearse the job under an orchestrator on simulated hosts
-    (rehearsal/orchestrated.py): its names, environment and verdict rule."""
-    import signal
-
-    for flag, given in (("--image", args.image), ("--distributed", args.distributed)):
-        if given:
-            raise UsageError("%s cannot be combined with --orchestrator" % flag)
-    from ..rehearsal import orchestrated
-
-    # SIGTERM ends us like Ctrl-C: the pods are stopped and the hosts removed.
-    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
-    try:
-        code = orchestrated.run(args.orchestrator, code_dir, entry, hps, channels, job_dir,
-                                args.hosts, processes_per_host=args.processes_per_host,
-                                mpi_workers=args.mpi_workers,
-                                launcher_as_worker=args.mpi_launcher_as_worker)
-    except KeyboardInterrupt:
-        return 130
-    _draw_timeline(job_dir)
-    return code
-
-
 def _environment(args):
     """The job tree's environment, checked as `train` checks it at start."""
     from ..job.environment import Environment
-    from ..job.paths import JobPaths
+    from ..job.paths import JobPaths, require_job
 
     environ = dict(os.environ)
     if args.job_dir:
         environ[params.BASE_DIR_ENV] = os.path.abspath(args.job_dir)
     paths = JobPaths.from_environ(environ)
+    require_job(paths, environ)  # where `train` would refuse, so do `plan` and `env`
     if not os.path.isdir(paths.base):
         raise ConfigError("no job tree: not a directory (give --job-dir, or set %s)"
                           % params.BASE_DIR_ENV, path=paths.base)
@@ -201,9 +54,11 @@ def _environment(args):
 
 
 def cmd_plan(args):
-    from ..pipeline import plan
+    from ..pipeline import check_entry_point_before_fetch, plan
 
-    launch = plan(_environment(args))
+    env = _environment(args)
+    check_entry_point_before_fetch(env)  # as `train` would fail, before its install
+    launch = plan(env)
     if args.json:
         print(json.dumps(mask(launch.to_dict()), indent=2))
         return 0
@@ -241,14 +96,28 @@ class _Parser(argparse.ArgumentParser):
 
 def parser():
     p = _Parser(prog="training-toolkit", description=__doc__)
+    p.add_argument("--version", action="version", version="training-toolkit %s" % __version__)
     sub = p.add_subparsers(dest="command", required=True)
 
-    local = sub.add_parser("local", help="run a job on this machine through `train`")
-    local.add_argument("code_dir", help="directory with the user's code")
-    local.add_argument("--entry-point", help="script or command in CODE_DIR (default train.py)")
-    local.add_argument("--hp", action="append", metavar="KEY=VALUE", help="hyperparameter")
+    local = sub.add_parser(
+        "local", help="run a job on this machine through `train`",
+        description="Lay out a job tree for CODE_DIR and run `train` on it: on this machine, on "
+                    "N simulated hosts (--hosts), in containers (--image) or as an orchestrator "
+                    "would run it (--orchestrator); prints where model/ and output/ are and "
+                    "exits with the job's exit code. A mistake in the arguments exits 64 naming "
+                    "the flag, a missing CODE_DIR or entry point 66, before anything is created.")
+    local.add_argument("code_dir", metavar="CODE_DIR", help="directory with the user's code")
+    local.add_argument("--entry-point", help="script or command in CODE_DIR (default %s)"
+                                             % DEFAULT_ENTRY_POINT)
+    local.add_argument("--hp", action="append", metavar="KEY=VALUE",
+                       help="a hyperparameter (repeatable, each KEY once), written to "
+                            "hyperparameters.json as given: VALUE is read as JSON where it "
+                            "parses (epochs=3 is the number 3, flag=true a boolean), else as a "
+                            "string (name=abc); sagemaker_* keys are the toolkit's own "
+                            "(sagemaker_mpi_enabled=true)")
     local.add_argument("--channel", action="append", metavar="NAME=DIR", help="input channel")
-    local.add_argument("--job-dir", help="job tree to use (default: a new temp dir)")
+    local.add_argument("--job-dir", help="job tree to use (default: a new one under "
+                       "$XDG_CACHE_HOME/training-toolkit/jobs, the newest 10 kept)")
     local.add_argument("--hosts", type=int, default=1, metavar="N",
                        help="run on N hosts: simulated ones (Linux namespaces, root), or N "
                             "containers with --image; one job tree each")
@@ -274,36 +143,73 @@ def parser():
                        help="a field of the --distributed config (JSON value)")
     local.add_argument("--driver-dir", metavar="DIR",
                        help="where a custom config's module and driver_dir are")
+    python = local.add_mutually_exclusive_group()
+    python.add_argument("--python", metavar="PATH",
+                        help="run the user's code with this interpreter and install "
+                             "requirements.txt into it (default: a job venv of its own, "
+                             "cached under $XDG_CACHE_HOME/training-toolkit/venvs)")
+    python.add_argument("--no-job-venv", action="store_true",
+                        help="install requirements.txt into the Python that runs the job "
+                             "(TRAINING_TOOLKIT_PYTHON, else this one), not a job venv")
     local.set_defaults(func=cmd_local)
 
-    for name, func, text in (("plan", cmd_plan, "print what `train` would run, without running"),
-                             ("env", cmd_env, "print the exported SM_* variables")):
-        sp = sub.add_parser(name, help=text)
+    for name, func, text, description in (
+            ("plan", cmd_plan, "print what `train` would run, without running",
+             "Print what `train` would run on this host for a job tree: the runner, the host's "
+             "role, the command, its working directory and the variables it adds. Nothing is "
+             "fetched, installed or run. A job configuration `train` would refuse exits 78, an "
+             "entry point missing from code that is already there (or in a local submit "
+             "directory) 66."),
+            ("env", cmd_env, "print the exported SM_* variables",
+             "Print the variables `train` exports to the user's processes (SM_*, as "
+             "NAME=VALUE lines or --json) for a job tree, checked as `train` checks it; "
+             "secret-looking hyperparameter values are masked.")):
+        sp = sub.add_parser(name, help=text, description=description)
         sp.add_argument("--job-dir", help="job tree (default: $SAGEMAKER_BASE_DIR or /opt/ml)")
         sp.add_argument("--json", action="store_true", help="print JSON")
         sp.set_defaults(func=func)
 
-    timeline = sub.add_parser("timeline", help="draw where a job's time went: one row per host")
+    timeline = sub.add_parser(
+        "timeline", help="draw where a job's time went: one row per host",
+        description="Draw where a job's time went from the output/status.json files `train` "
+                    "wrote: one row per host, with its phases (contract, fetch, install, run, "
+                    "...), its ranks and its verdict, as SVG (or PNG). docs/timeline.md reads "
+                    "the picture.")
     timeline.add_argument("job_dir", help="a job tree, or a dir of one job tree per host "
                                           "(as `local --hosts N` makes)")
     timeline.add_argument("--out", metavar="FILE",
                           help="SVG, or PNG with the png extra (default: JOB_DIR/timeline.svg)")
     timeline.set_defaults(func=cmd_timeline)
+
+    clean = sub.add_parser(
+        "clean", help="remove what `local` left: stale simulated hosts, its job trees",
+        description="Remove what runs of `local` leave behind: the simulated hosts (network "
+                    "namespaces, their processes, keys, locks) of a `local` that was killed, and "
+                    "the job trees `local` made without --job-dir ($XDG_CACHE_HOME/"
+                    "training-toolkit/jobs, or ~/.cache/training-toolkit/jobs), except those a "
+                    "running `local` uses. Says what it removed.")
+    clean.set_defaults(func=cmd_clean)
     return p
 
 
 def main(argv=None):
     args = parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # here, not at exit: a reader that left is handled below
+        return code
     except ToolkitError as e:
         print("training-toolkit: %s" % e.message, file=sys.stderr)
         return e.exit_code
     except BrokenPipeError:
-        # The reader left (`training-toolkit env | head`): end as a shell
-        # tool killed by SIGPIPE does, without a traceback at exit's flush.
+        # The reader left (`training-toolkit env | head -1`): what it did not
+        # read is dropped and the command ends as it would have (0), however
+        # soon the reader left. `local` writes nothing on stdout itself.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 128 + 13
+        return 0
+    except KeyboardInterrupt:  # `local` stops its job its own way (cli/local.py)
+        print("training-toolkit: interrupted", file=sys.stderr)
+        return 130
     except Exception as e:  # noqa: BLE001 - a bug: one line, and the documented code
         error = InternalError("internal error in training-toolkit (please report it): %s: %s"
                               % (type(e).__name__, e))

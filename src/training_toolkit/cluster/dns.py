@@ -37,16 +37,11 @@ def resolve(host):
     socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
 
 
-def hosts_to_wait_for(env, runner_type, environ=os.environ):
-    """The hosts an `entry_point.run` with `runner_type` waits for: the job's
-    other hosts where the runner is the process runner, none otherwise (the
-    toolkit's multi-host runners form the cluster themselves), on one host,
-    with the wait set to 0, or in SageMaker Studio local mode (as the
-    reference). Reads the setting, so a bad value is refused (exit 78)."""
-    from ..runners import RunnerType
-
-    if runner_type is not RunnerType.Process:
-        return []
+def hosts_to_wait_for(env, environ=os.environ):
+    """The hosts a wait covers: the job's other hosts; none on one host, with
+    the wait set to 0, or in SageMaker Studio local mode (as the reference).
+    Reads the setting, so a bad value is refused (exit 78). Which runners
+    wait is the caller's decision (entry_point)."""
     others = [host for host in dict.fromkeys(env.hosts) if host != env.current_host]
     if not others or params.setting(environ, params.DNS_WAIT_ENV) <= 0:
         return []
@@ -98,10 +93,10 @@ def wait_for_hosts(hosts, limit_s, resolve=resolve, clock=time.monotonic, sleep=
     return None  # not reached: delays() never ends
 
 
-def wait_for_other_hosts(env, runner_type, environ=os.environ, reporter=None):
+def wait_for_other_hosts(env, environ=os.environ, reporter=None):
     """What `entry_point.run` calls before it starts the user's program: the
     wait, recorded as the phase `dns` of the job's status when there is one."""
-    hosts = hosts_to_wait_for(env, runner_type, environ)
+    hosts = hosts_to_wait_for(env, environ)
     if not hosts:
         return
     limit_s = params.setting(environ, params.DNS_WAIT_ENV)

@@ -48,12 +48,33 @@ def open_object(uri, endpoint_url, region, deadline_s, log, chunk_bounds):
     timeout_s = min(params.setting(os.environ, s3.TIMEOUT_ENV), deadline_s)
     client = s3.client(endpoint_url, region, timeout_s, max_pool_connections=_WORKERS + 1)
     log("fetching %s from %s, within %g s" % (uri, client.meta.endpoint_url, deadline_s))
-    retry = _Retry(uri, deadline_s, deadline, log)
+    retry = _Retry(uri, deadline_s, deadline, log, _endpoint_hint(endpoint_url))
     size = retry.call(lambda: client.head_object(Bucket=bucket, Key=key)["ContentLength"], "HEAD")
     log("downloading %s (%.1f MB)" % (uri, size / MB))
     progress = _Progress(uri, size, log, params.setting(os.environ, params.PROGRESS_ENV))
     return _S3ObjectStream(client, bucket, key, size, retry, progress,
                            _chunk_size(size, *chunk_bounds))
+
+
+def _endpoint_hint(endpoint_url):
+    """What to check when no connection can be made: an endpoint that was
+    set (S3_ENDPOINT_URL, named where it came from there) may be wrong. None
+    for AWS's own endpoint, where the network is the suspect."""
+    from_environment = os.environ.get(params.S3_ENDPOINT_ENV)
+    endpoint_url = endpoint_url or from_environment
+    if not endpoint_url:
+        return None
+    if endpoint_url == from_environment:
+        return "%s=%s may be wrong: nothing answers there" % (params.S3_ENDPOINT_ENV, endpoint_url)
+    return "the S3 endpoint %s may be wrong: nothing answers there" % endpoint_url
+
+
+def _no_connection(err):
+    """Whether `err` says that no connection could be made at all (refused,
+    unreachable, a name that does not resolve, a connect timeout)."""
+    from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError
+
+    return isinstance(err, (EndpointConnectionError, ConnectTimeoutError))
 
 
 def classify_s3_error(err, uri):
@@ -81,13 +102,17 @@ class _Retry:
     """Runs S3 calls, retrying transient errors with exponential backoff until
     one deadline shared by every call of the fetch. Each retry is logged with
     its cause and the time left, so that a wait on an endpoint that does not
-    answer is never silent."""
+    answer is never silent. A connection refused is retried too (an endpoint
+    may be restarting), but the first such retry line and the final error
+    say that the configured endpoint (`endpoint_hint`) may be wrong."""
 
-    def __init__(self, uri, deadline_s, deadline, log):
+    def __init__(self, uri, deadline_s, deadline, log, endpoint_hint=None):
         self.uri = uri
         self.deadline_s = deadline_s
         self.deadline = deadline
         self.log = log
+        self.endpoint_hint = endpoint_hint
+        self.hinted = False  # the hint was logged once
         self.last_error = None
         self.cancelled = threading.Event()  # set to stop backing off at once
 
@@ -106,16 +131,24 @@ class _Retry:
                 left = self.deadline - time.monotonic()
                 if delay >= left or self.cancelled.is_set():
                     raise self.deadline_error() from err
+                hint = ""
+                if self.endpoint_hint and not self.hinted and _no_connection(err):
+                    self.hinted = True
+                    hint = " (%s)" % self.endpoint_hint
                 self.log("%s: %s failed (%s: %s); retrying in %.2f s, %.1f s left before the %g s "
-                         "deadline" % (self.uri, what, type(err).__name__, err, delay, left,
-                                       self.deadline_s))
+                         "deadline%s" % (self.uri, what, type(err).__name__, err, delay, left,
+                                         self.deadline_s, hint))
                 if self.cancelled.wait(delay):  # the reader has gone: stop here
                     raise self.deadline_error() from err
 
     def deadline_error(self):
+        hint = ""
+        if self.endpoint_hint and _no_connection(self.last_error):
+            hint = "; %s" % self.endpoint_hint
         return errors.CodeFetchError(
-            "fetching %s failed: gave up after the %g s deadline; last error: %s"
-            % (self.uri, self.deadline_s, self.last_error or "none (no answer in time)"), self.uri)
+            "fetching %s failed: gave up after the %g s deadline; last error: %s%s"
+            % (self.uri, self.deadline_s, self.last_error or "none (no answer in time)", hint),
+            self.uri)
 
 
 class _Progress:

@@ -6,7 +6,8 @@ else in the package joins path fragments under it by hand.
 import os
 
 from ..errors import ConfigError
-from ..params import BASE_DIR_ENV, USER_PROGRAM
+from ..params import (BASE_DIR_ENV, ORCHESTRATOR_ENV, PROGRAM_ENV, SUBMIT_DIR_ENV,
+                      TRAINING_MODULE_ENV, USER_PROGRAM)
 
 DEFAULT_BASE_DIR = "/opt/ml"
 # The SDK v3 drivers' folder in the sm_drivers channel (sm_train.sh names it).
@@ -43,6 +44,34 @@ def entry_point_path(code_dir, entry_point, config_file=None, field=USER_PROGRAM
                           "inside it, such as 'train.py' or 'bin/train.sh'"
                           % (entry_point, code_dir), path=config_file, field=field)
     return os.path.join(code_dir, entry_point)
+
+
+# Each names, without a job tree, what `train` runs: an entry point or its
+# code, a framework hook, or the orchestrator that places the job.
+JOB_VARIABLES = (PROGRAM_ENV, SUBMIT_DIR_ENV, TRAINING_MODULE_ENV, ORCHESTRATOR_ENV)
+
+
+def require_job(paths, environ, command_given=False):
+    """ConfigError (78) where there is no job at all: the base has no
+    input/config/ (SageMaker and its local mode always write one) nor SDK v3
+    sm_drivers/, no `train -- COMMAND` was given (`command_given`), none of
+    JOB_VARIABLES is set, and no orchestrator's own variables claim this
+    host. Nothing could run there (a job without an entry point fails), so
+    `train` refuses before it writes anything; see docs/contract.md, "No
+    job". Touches nothing, and costs one stat where a job tree exists."""
+    if command_given or os.path.exists(paths.input_config_dir) or \
+            os.path.exists(paths.drivers_dir):
+        return
+    if any((environ.get(name) or "").strip() for name in JOB_VARIABLES):
+        return
+    from .orchestrators import claims
+
+    if claims(environ):
+        return
+    raise ConfigError("no job tree at %s: it has no input/config/ (%s names the job tree, "
+                      "default %s), and no `train -- COMMAND`, %s or orchestrator says what to "
+                      "run; nothing was written (see `train --help`)"
+                      % (paths.base, BASE_DIR_ENV, DEFAULT_BASE_DIR, PROGRAM_ENV))
 
 
 HOST_PLACEHOLDER = "{host}"

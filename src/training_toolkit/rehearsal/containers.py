@@ -33,6 +33,7 @@ import threading
 
 from ..errors import ToolkitError
 from ..job import resources
+from . import output
 
 ENGINES = ("docker", "podman")  # in order of preference
 ML_DIR = "/opt/ml"
@@ -197,15 +198,11 @@ class Cluster:
         return self
 
     def _pump(self, host, stream, sink):
-        prefix = b"[%s] " % host.encode()
+        if not self.capture:
+            return output.relay(stream, b"[%s] " % host.encode(), sink.fileno())
         for line in iter(stream.readline, b""):
             with self._lock:
-                if self.capture:
-                    self.output[host] += line
-                else:
-                    out = getattr(sink, "buffer", sink)
-                    out.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
-                    out.flush()
+                self.output[host] += line
         stream.close()
 
     def wait(self, timeout=None, hosts=None):

@@ -30,10 +30,11 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
+from .. import params
 from ..errors import UsageError
+from .output import start_relay
 
 ORCHESTRATORS = ("pytorchjob", "trainjob", "mpijob", "batch", "slurm")
 # The names of docs/orchestrators.md's job specs.
@@ -244,9 +245,11 @@ def _train_argv():
 
 
 def container_command(entry, hps):
-    """`train -- python ENTRY --key value ...` (python: this interpreter)."""
+    """`train -- python ENTRY --key value ...` (python: the user's,
+    TRAINING_TOOLKIT_PYTHON, as `local` set it; else this interpreter)."""
     args = [a for k, v in hps.items() for a in ("--" + k, v)]
-    program = [sys.executable, entry] if entry.endswith(".py") else ["./" + entry]
+    python = os.environ.get(params.JOB_PYTHON_ENV) or sys.executable
+    program = [python, entry] if entry.endswith(".py") else ["./" + entry]
     return _train_argv() + ["--"] + program + args
 
 
@@ -258,13 +261,6 @@ def base_environment(environ, channels, secret):
         env["TRAINING_TOOLKIT_CHANNELS"] = ",".join("%s=%s" % (k, os.path.abspath(v))
                                                     for k, v in channels.items())
     return env
-
-
-def _relay(stream, prefix, out):
-    for line in iter(stream.readline, b""):
-        out.buffer.write(prefix + line)
-        out.flush()
-    stream.close()
 
 
 def _job_trees(job_dir, names):
@@ -293,10 +289,13 @@ def _host_status(root):
         return None
 
 
-def run(orchestrator, code_dir, entry, hps, channels, job_dir, hosts, processes_per_host=None,
-        mpi_workers="sshd", launcher_as_worker=False, grace_s=GRACE_S, linger_s=LINGER_S,
-        late_s=LATE_S):
-    """Rehearse the job; returns its verdict (an exit code)."""
+def run(orchestrator, code_dir, entry, hps, channels, job_dir, hosts, stop,
+        processes_per_host=None, mpi_workers="sshd", launcher_as_worker=False, grace_s=GRACE_S,
+        linger_s=LINGER_S, late_s=LATE_S):
+    """Rehearse the job; returns its verdict (an exit code). `stop` (the
+    CLI's StopSignals): once it has a signal, the job is deleted as the
+    orchestrator deletes one (SIGTERM to every pod, SIGKILL after `grace_s`)
+    and the return value is 128 + that signal."""
     from .namespaces import pick_subnet
     from .simcluster import SimCluster
 
@@ -327,11 +326,11 @@ def run(orchestrator, code_dir, entry, hps, channels, job_dir, hosts, processes_
         _say("container command (in %s): train -- %s"
              % (code_dir, " ".join(command[command.index("--") + 1:])))
         if orchestrator == "slurm":
-            return _run_slurm(cluster, the_plan, command, env, code_dir, roots)
+            return _run_slurm(cluster, the_plan, command, env, code_dir, roots, stop)
         if orchestrator == "mpijob":
             _mpijob_files(cluster, the_plan)
         return _Driver(cluster, the_plan, command, env, code_dir, roots, grace_s,
-                       linger_s).run()
+                       linger_s, stop).run()
 
 
 def _mpijob_files(cluster, the_plan):
@@ -369,11 +368,13 @@ class _Driver:
     """Starts the pods in the plan's order and ends them as the orchestrator
     would; the verdict by its rule."""
 
-    def __init__(self, cluster, the_plan, command, env, code_dir, roots, grace_s, linger_s):
+    def __init__(self, cluster, the_plan, command, env, code_dir, roots, grace_s, linger_s,
+                 stop):
         self.cluster, self.plan, self.command = cluster, the_plan, command
         self.env, self.code_dir = env, code_dir
         self.roots = dict(zip(the_plan.names, roots))
         self.grace_s, self.linger_s = grace_s, linger_s
+        self.stop = stop
         self.procs, self.exits, self.stopped, self.threads = {}, [], {}, []
 
     def _start(self, pod):
@@ -392,9 +393,7 @@ class _Driver:
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
             prefix = ("[%s] " % pod.name).encode()
             for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
-                t = threading.Thread(target=_relay, args=(stream, prefix, out), daemon=True)
-                t.start()
-                self.threads.append(t)
+                self.threads.append(start_relay(stream, prefix, out.fileno()))
         self.procs[pod.name] = proc
         if pod.start_s:
             _say("started %s (%s), %.1f s after the first" % (pod.name, pod.role, pod.start_s))
@@ -417,6 +416,11 @@ class _Driver:
         end, kill_at = None, None
         while True:
             now = time.monotonic()
+            if end is None and self.stop.signum is not None:
+                _say("stopped by %s: deleting the pods (SIGTERM, then SIGKILL after %g s) and "
+                     "removing the simulated hosts" % (signal.Signals(self.stop.signum).name,
+                                                      self.grace_s))
+                end = now
             while pending and end is None and now - t0 >= pending[0].start_s:
                 self._start(pending.pop(0))
             for name, proc in self.procs.items():
@@ -456,15 +460,15 @@ class _Driver:
     def run(self):
         try:
             self._loop()
-        except BaseException as e:
-            _say("%s: deleting the pods (SIGTERM, then SIGKILL) and removing the simulated "
-                 "hosts" % ("interrupted" if isinstance(e, KeyboardInterrupt) else "stopped"))
+        except BaseException:
+            _say("failed: deleting the pods (SIGTERM, then SIGKILL) and removing the simulated "
+                 "hosts")
             self._stop_all(min(self.grace_s, 10.0))
-            if isinstance(e, KeyboardInterrupt):
-                return 130
             raise
         for t in self.threads:
             t.join(timeout=5)
+        if self.stop.signum is not None:
+            return 128 + self.stop.signum
         codes = dict(self.exits)
         for pod in self.plan.pods:
             if pod.name not in codes:
@@ -479,7 +483,7 @@ class _Driver:
         return code
 
 
-def _run_slurm(cluster, the_plan, command, env, code_dir, roots):
+def _run_slurm(cluster, the_plan, command, env, code_dir, roots, stop):
     """`srun -N N --ntasks-per-node=1 train -- ...` from the code dir on the
     first node of a real Slurm (rehearsal/slurm.py) over the hosts."""
     from .slurm import SlurmCluster
@@ -494,16 +498,10 @@ def _run_slurm(cluster, the_plan, command, env, code_dir, roots):
                 " ".join(command[command.index("--") + 1:])))
         proc = cluster.popen(the_plan.pods[0].name, srun + command, env=senv, cwd=code_dir,
                              stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            code = _code(proc.wait())
-        except BaseException:
-            _say("stopped: srun gets SIGTERM (it passes it to the tasks); removing the hosts")
-            proc.terminate()
-            try:
-                proc.wait(timeout=slurm.kill_wait_s + 5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            raise
+        # Stopped, the job is cancelled (srun, given SIGTERM, would SIGKILL the tasks).
+        code = _code(stop.wait([proc], pass_on=lambda _signum: slurm.cancel_jobs())[0])
+    if stop.signum is not None:
+        return 128 + stop.signum
     for pod, root in zip(the_plan.pods, roots):
         status = _host_status(root)
         _say("%s (node %d): %s; job tree %s" % (

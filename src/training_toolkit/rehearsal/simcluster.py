@@ -45,7 +45,7 @@ import subprocess
 import sys
 import time
 
-from .. import backoff
+from .. import backoff, params
 from . import holder, stale
 from .namespaces import NETNS_ETC_DIR, NETNS_RUN_DIR, SimClusterError, SimClusterUnavailable
 from .namespaces import check_supported, ip, pick_subnet, rmtree, teardown_names
@@ -118,11 +118,15 @@ def _check_names(n, names, aliases):
 
 
 def _own_install():
-    """Where this package and the interpreter running it live, when that is
-    under /tmp (a checkout or venv there): the hosts run `train` from them."""
+    """Where this package, the interpreter running it and the user's
+    (TRAINING_TOOLKIT_PYTHON, `local`'s job venv) live, when that is under
+    /tmp (a checkout or venv there): the hosts run `train` and the job from them."""
     # the sys.path entry: this file is training_toolkit/rehearsal/simcluster.py
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return [p for p in (here, sys.prefix) if os.path.realpath(p).startswith("/tmp/")]
+    job_python = os.environ.get(params.JOB_PYTHON_ENV)
+    job_prefix = os.path.dirname(os.path.dirname(job_python)) if job_python else "/"
+    return [p for p in (here, sys.prefix, job_prefix)
+            if os.path.realpath(p).startswith("/tmp/") and os.path.isdir(p)]
 
 
 class SimCluster(stale.SingleUse):

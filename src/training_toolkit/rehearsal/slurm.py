@@ -430,11 +430,15 @@ class SlurmCluster(stale.SingleUse):
             return False
         return True
 
-    def _cancel_all(self):
+    def cancel_jobs(self):
+        """`scancel` every job: its tasks get SIGTERM, and SIGKILL after KillWait."""
         proc = self.squeue(["-h", "-o", "%i"], timeout=15)
         jobs = proc.stdout.split() if proc.returncode == 0 else []
         if jobs:
             self.scancel(jobs, timeout=15)
+
+    def _cancel_all(self):
+        self.cancel_jobs()
         deadline = time.monotonic() + self.kill_wait_s + 15
         for _ in backoff.attempts(deadline, first=0.05, most=0.5):
             if not self.step_pids():

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 
+from ..errors import UsageError
 from ..job.configs import BUILTINS, ConfigValidationError, DistributedConfig
 from ..job.paths import DRIVERS_SUBDIR, JobPaths
 from ..job.v3 import BASIC_DRIVER
@@ -78,27 +79,36 @@ def _add_channels(paths, names):
 def config_from_cli(kind, options, driver_dir=None):
     """A config from `training-toolkit local --distributed KIND --config k=v`:
     KIND is torchrun, mpi, smddp or `module:Class` (importable from
-    `driver_dir` or the working directory); values are JSON when they parse."""
+    `driver_dir` or the working directory); values are JSON when they parse.
+    A kind or field that does not make a config is a UsageError naming the
+    flag (the CLI checks it before it creates anything)."""
     import importlib
     import sys
 
+    expected = "expected %s or module:Class" % ", ".join(BUILTINS)
     if kind in BUILTINS:
         cls = BUILTINS[kind]
     else:
         module_name, _, class_name = kind.partition(":")
-        if not class_name:
-            raise ConfigValidationError("--distributed %r: expected torchrun, mpi, smddp or "
-                                        "module:Class" % kind)
+        if not module_name or not class_name:
+            raise UsageError("--distributed %r: no such kind; %s" % (kind, expected))
         sys.path.insert(0, os.path.abspath(driver_dir or "."))
         try:
             cls = getattr(importlib.import_module(module_name), class_name)
-        except (ImportError, AttributeError) as e:
-            raise ConfigValidationError("--distributed %r cannot be loaded: %s"
-                                        % (kind, e)) from None
+        except Exception as e:  # noqa: BLE001 - the user's module may raise anything at import
+            raise UsageError("--distributed %r cannot be loaded from %s: %s: %s"
+                             % (kind, "--driver-dir " + driver_dir if driver_dir
+                                else "the working directory", type(e).__name__, e)) from None
+        if not (isinstance(cls, type) and issubclass(cls, DistributedConfig)):
+            raise UsageError("--distributed %r: not a DistributedConfig subclass; %s"
+                             % (kind, expected))
     values = {}
     for key, raw in options.items():
         try:
             values[key] = json.loads(raw)
         except ValueError:
             values[key] = raw
-    return cls(**values)
+    try:
+        return cls(**values)
+    except (ConfigValidationError, TypeError) as e:  # TypeError: a class's own __init__
+        raise UsageError("--config of --distributed %s: %s" % (kind, e)) from None
