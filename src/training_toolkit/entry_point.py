@@ -25,7 +25,9 @@ def run(uri, user_entry_point, args, env_vars=None, wait=True, capture_error=Fal
     `capture_error` is accepted for compatibility: stderr is always relayed
     and its tail kept."""
     env, supervisor, reporter = current_job()
-    pipeline.prepare(env, supervisor, reporter, uri)
+    pipeline.prepare(env, supervisor, reporter, uri,
+                     None if isinstance(runner_type, PlannedRunner) else user_entry_point
+                     or env.user_entry_point)
     if isinstance(runner_type, PlannedRunner):  # a runner object, as runner.get() takes one
         _wait_for_other_hosts(env, reporter, runner_type._runner_type_for(env))
         return runner_type.run(wait=wait, capture_error=capture_error)

@@ -192,10 +192,15 @@ def plan(env, entry_point=None, args=None, runner_type=None, env_vars=None, extr
                                   options=extra_opts or {})
 
 
-def prepare(env, supervisor, reporter, uri=None):
-    """Fetch and install the code (the steps before any user process)."""
+def prepare(env, supervisor, reporter, uri=None, entry_point=None):
+    """Fetch and install the code (the steps before any user process). The
+    entry point (`entry_point`, else the job's) is checked as soon as the
+    code is here: a missing one fails before pip installs anything. None
+    for an explicit command, which needs none."""
     uri = env.module_dir if uri is None else uri
     _phase(reporter, "fetch", fetch, env, uri)
+    if entry_point is not None:
+        check_entry_point(env, entry_point)
     _phase(reporter, "install", install_dependencies, env, supervisor)
 
 
@@ -233,14 +238,9 @@ def launch(env, supervisor, reporter, entry_point=None, args=None, runner_type=N
 
 def execute(env, supervisor, reporter, uri=None, entry_point=None, args=None,
             runner_type=None, env_vars=None, extra_opts=None, wait=True, command=None):
-    """Fetch, install and run (see `launch`). The job's own entry point (not
-    an explicit command) is checked as soon as the code is here: a missing
-    one fails before pip installs anything."""
-    uri = env.module_dir if uri is None else uri
-    _phase(reporter, "fetch", fetch, env, uri)
-    if command is None:
-        check_entry_point(env, entry_point or env.user_entry_point)
-    _phase(reporter, "install", install_dependencies, env, supervisor)
+    """Fetch, install and run (see `launch`)."""
+    prepare(env, supervisor, reporter, uri,
+            None if command is not None else entry_point or env.user_entry_point)
     return launch(env, supervisor, reporter, entry_point, args, runner_type, env_vars,
                   extra_opts, wait, command)
 

@@ -35,7 +35,6 @@ from .. import params
 from ..errors import ToolkitError
 from .local_args import pairs
 
-JOBS_DIR = os.path.join("training-toolkit", "jobs")  # under the user's cache dir
 WAIT_POLL_S = 0.05  # how soon a signal is passed on, while `local` waits for its trains
 RELAY_JOIN_S = 5.0  # how long a train's last lines may take to reach us after it ended
 
@@ -126,12 +125,10 @@ def _run(args, stop, job_dir, entry, code_dir, channels, hps):
 
 
 def jobs_home():
-    """Where `local` makes job trees: $XDG_CACHE_HOME (an absolute path, as
-    the XDG spec wants) or ~/.cache, then training-toolkit/jobs."""
-    cache = os.environ.get("XDG_CACHE_HOME", "")
-    if not os.path.isabs(cache):
-        cache = os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, JOBS_DIR)
+    """Where `local` makes job trees (in the user's cache, beside the job venvs)."""
+    from ..rehearsal.jobvenv import cache_dir
+
+    return cache_dir("jobs")
 
 
 def _job_dir(given):

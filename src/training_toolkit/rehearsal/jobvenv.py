@@ -61,13 +61,14 @@ def _say(text):
     print("[training-toolkit] %s" % text, file=sys.stderr, flush=True)
 
 
-def cache_root(environ=os.environ):
-    """Where job venvs live: $XDG_CACHE_HOME (an absolute path, as the XDG
-    spec wants it), else ~/.cache, then training-toolkit/venvs."""
+def cache_dir(name, environ=os.environ):
+    """`local`'s own dir `name` (its job venvs, its job trees) in the user's
+    cache: $XDG_CACHE_HOME (an absolute path, as the XDG spec wants it),
+    else ~/.cache, then training-toolkit/`name`."""
     base = environ.get("XDG_CACHE_HOME", "")
     if not os.path.isabs(base):
         base = os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "training-toolkit", "venvs")
+    return os.path.join(base, "training-toolkit", name)
 
 
 def hosts_environ(args, code_dir):
@@ -155,7 +156,7 @@ class JobVenv:
         self.code_dir = code_dir
         self.base = describe(base_python)
         self.wanted = wanted
-        self.root = cache_root()
+        self.root = cache_dir("venvs")
         self.key = cache_key(code_dir, self.base, package="package" in wanted)
         self.path = os.path.join(self.root, self.key)
         self.python = os.path.join(self.path, "bin", "python")
