@@ -497,9 +497,15 @@ def _run_slurm(cluster, the_plan, command, env, code_dir, roots, stop):
              % (the_plan.pods[0].name, len(the_plan.pods),
                 " ".join(command[command.index("--") + 1:])))
         proc = cluster.popen(the_plan.pods[0].name, srun + command, env=senv, cwd=code_dir,
-                             stdin=subprocess.DEVNULL, start_new_session=True)
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, start_new_session=True)
+        # Through the relay, as the pods' output: a reader that left never reaches srun.
+        relays = [start_relay(stream, b"", out.fileno())
+                  for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))]
         # Stopped, the job is cancelled (srun, given SIGTERM, would SIGKILL the tasks).
         code = _code(stop.wait([proc], pass_on=lambda _signum: slurm.cancel_jobs())[0])
+        for thread in relays:
+            thread.join(timeout=5)
     if stop.signum is not None:
         return 128 + stop.signum
     for pod, root in zip(the_plan.pods, roots):
