@@ -105,17 +105,24 @@ def test_variable_reaches_only_the_torchrun_runner(tmp_path):
     assert PROGRAM not in plan["command"]["argv"]
 
 
-def test_train_launches_through_neuron_parallel_compile(tmp_path):
-    pytest.importorskip("torch")
+def with_fake_program(tmp_path, job, value):
+    """The job's environment with `value` for the variable and a stand-in
+    neuron_parallel_compile first on PATH; (env, the file its argv goes to)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / PROGRAM
     fake.write_text(FAKE)
     fake.chmod(0o755)
     record = tmp_path / "argv.txt"
-    job = trn1_job(tmp_path / "job", per_host=2)
-    env = environ(job, "1", FAKE_NPC_RECORD=record)
+    env = environ(job, value, FAKE_NPC_RECORD=record)
     env["PATH"] = "%s:%s" % (bin_dir, env.get("PATH", os.defpath))
+    return env, record
+
+
+def test_train_launches_through_neuron_parallel_compile(tmp_path):
+    pytest.importorskip("torch")
+    job = trn1_job(tmp_path / "job", per_host=2)
+    env, record = with_fake_program(tmp_path, job, "1")
     r = job.run(env=env, timeout=300)
     assert r.returncode == 0, r.stderr.decode()[-3000:]
     assert job.exists("output", "success")
@@ -129,15 +136,8 @@ def test_train_launches_through_neuron_parallel_compile(tmp_path):
 
 def test_train_without_the_variable_does_not_use_it(tmp_path):
     pytest.importorskip("torch")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / PROGRAM
-    fake.write_text(FAKE)
-    fake.chmod(0o755)
-    record = tmp_path / "argv.txt"
     job = trn1_job(tmp_path / "job")
-    env = environ(job, "0", FAKE_NPC_RECORD=record)
-    env["PATH"] = "%s:%s" % (bin_dir, env.get("PATH", os.defpath))
+    env, record = with_fake_program(tmp_path, job, "0")
     r = job.run(env=env, timeout=300)
     assert r.returncode == 0, r.stderr.decode()[-3000:]
     assert not record.exists()

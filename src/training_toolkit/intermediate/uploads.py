@@ -325,8 +325,12 @@ class Uploads:
 
         if not stat_module.S_ISREG(st.st_mode):
             return
+        # A multipart upload that failed as it completed: ask S3 first (see
+        # _File.candidate), without opening the file.
+        candidate, f.candidate = f.candidate, None
+        checking = check and candidate is not None and candidate[0] == signature(st)
         reader = None
-        if st.st_size >= MULTIPART_THRESHOLD:
+        if st.st_size >= MULTIPART_THRESHOLD and not checking:
             try:
                 reader = SizedReader(path)
             except OSError:
@@ -339,12 +343,11 @@ class Uploads:
         self._set_busy(rel, f, True)
         f.submit_sig = reader.signature if reader is not None else signature(st)
         f.upload_result = f.hash_result = None
-        f.multipart = reader is not None
-        candidate, f.candidate = f.candidate, None
+        f.multipart = reader is not None or checking
         self._idle.clear()
         gen = f.gen
         try:
-            if check and candidate is not None and candidate[0] == f.submit_sig:
+            if checking:
                 self._putter.submit(self._check_object, rel, gen, candidate)
             elif reader is None:
                 self._putter.submit(self._put_small, rel, gen, path)
