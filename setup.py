@@ -17,6 +17,9 @@ setup(
     long_description_content_type="text/markdown",
     packages=find_packages("src"),
     package_dir={"": "src"},
+    # The sitecustomize each rank runs while the hang watchdog is on: a plain
+    # directory on the rank's PYTHONPATH, not a package.
+    package_data={"training_toolkit.resilience": ["boot/sitecustomize.py"]},
     python_requires=">=3.9",
     install_requires=[
         "boto3",       # S3: code fetch (s3:// code) and intermediate output (sagemaker_s3_output),

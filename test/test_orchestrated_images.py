@@ -114,6 +114,13 @@ if mode == "sleep":
     signal.signal(signal.SIGTERM, on_term)
 write("%s-%s.json" % (socket.gethostname(), rank), info)
 if rank == fail:
+    # Fail only once every rank has said what it saw: the others are stopped
+    # as soon as this one fails, perhaps before they wrote a word.
+    world = int(os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1)
+    waited = time.monotonic()
+    while (sum(n.endswith(".json") for n in os.listdir(out)) < world
+           and time.monotonic() - waited < 60):
+        time.sleep(0.05)
     print("rank %s failing on purpose" % rank, file=sys.stderr)
     sys.exit(3)
 if mode == "sleep":

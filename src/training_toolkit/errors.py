@@ -325,6 +325,19 @@ class InstallModuleError(InstallError):
     pass
 
 
+class HangError(ClientError):
+    """The hang watchdog ended the job: a rank made no progress in time.
+    ``hang`` is the verdict (resilience.hang.HangVerdict); the exit code is
+    its own (TRAINING_TOOLKIT_HANG_EXIT_CODE, 200 by default)."""
+
+    exit_code = 200
+
+    def __init__(self, hang, stderr_tail=b""):
+        super().__init__("\n".join([hang.headline()] + hang.details()), exit_code=hang.exit_code)
+        self.hang = hang
+        self.stderr_tail = stderr_tail
+
+
 class ExecuteUserScriptError(_CalledProcessError):
     """The user's process failed. ``exit_code`` is its own exit code (signal N
     -> 128+N); ``stderr_tail`` the last bytes it wrote to stderr."""

@@ -113,6 +113,15 @@ DNS_WAIT_ENV = "TRAINING_TOOLKIT_DNS_WAIT_S"   # 0: no wait
 SKIP_INSTALL_ENV = "TRAINING_TOOLKIT_SKIP_INSTALL"
 # How many job trees `training-toolkit local` keeps in its cache dir.
 KEEP_JOBS_ENV = "TRAINING_TOOLKIT_KEEP_JOBS"
+# The hang watchdog (resilience/): on when HANG_TIMEOUT_S is over 0.
+HANG_TIMEOUT_ENV = "TRAINING_TOOLKIT_HANG_TIMEOUT_S"
+HANG_START_TIMEOUT_ENV = "TRAINING_TOOLKIT_HANG_START_TIMEOUT_S"  # default: 3 x the timeout
+HANG_EXIT_CODE_ENV = "TRAINING_TOOLKIT_HANG_EXIT_CODE"
+HANG_REGEX_ENV = "TRAINING_TOOLKIT_HANG_REGEX"
+HANG_PHASE_TIMEOUTS_ENV = "TRAINING_TOOLKIT_HANG_PHASE_TIMEOUTS"
+LOG_RULES_FILE_ENV = "TRAINING_TOOLKIT_LOG_RULES_FILE"
+STACK_DEADLINE_ENV = "TRAINING_TOOLKIT_STACK_DEADLINE_S"
+HEARTBEAT_FILE_ENV = "TRAINING_TOOLKIT_HEARTBEAT_FILE"  # exported to each rank
 SETTINGS = {
     MASTER_PORT_ENV: (int, 1, 65535, DEFAULT_MASTER_PORT),
     GRACE_ENV: (float, 0, MAX_GRACE_SECONDS, DEFAULT_GRACE_SECONDS),
@@ -131,6 +140,11 @@ SETTINGS = {
     DNS_WAIT_ENV: (float, 0, None, 900.0),
     SKIP_INSTALL_ENV: (int, 0, 1, 0),
     KEEP_JOBS_ENV: (int, 1, None, 10),
+    HANG_TIMEOUT_ENV: (float, 0, None, 0.0),
+    HANG_START_TIMEOUT_ENV: (float, 0, None, None),
+    # 200: above every 128+N of a signal, so a restart policy can tell a hang apart.
+    HANG_EXIT_CODE_ENV: (int, 1, 255, 200),
+    STACK_DEADLINE_ENV: (float, 0.1, None, 10.0),
 }
 
 # Names of sagemaker_training.params, for framework toolkits that import them.
@@ -258,6 +272,13 @@ def setting(environ, name):
         raise ConfigError("must be %s %s, got %r" % (
             "a whole number" if kind is int else "a number", bounds, raw), field=name)
     return value
+
+
+def hang_watch_requested(environ):
+    """Whether a variable asks for the hang watchdog (it is read, and
+    refused when bad, only then: off, nothing of it is imported)."""
+    return any(environ.get(name, "").strip() not in ("", "0") for name in (
+        HANG_TIMEOUT_ENV, LOG_RULES_FILE_ENV, HANG_REGEX_ENV, HANG_PHASE_TIMEOUTS_ENV))
 
 
 def check_settings(environ):

@@ -12,7 +12,7 @@ import os
 import stat
 
 from . import context, log, params
-from .errors import CodeNotFoundError, ConfigError, ExecuteUserScriptError
+from .errors import CodeNotFoundError, ConfigError, ExecuteUserScriptError, HangError
 from .job.checks import check_requirements_file
 from .job.environment import Environment
 from .job.paths import entry_point_path, is_populated
@@ -227,6 +227,9 @@ def launch(env, supervisor, reporter, entry_point=None, args=None, runner_type=N
         entry_point or "the job", launch_plan.runner, launch_plan.role,
         command or "serving the master's ranks"))
     outcome = _phase(reporter, "run", runner.run, launch_plan, supervisor, env, reporter)
+    if outcome.hang is not None:
+        reporter.set(hang=outcome.hang.status())
+        raise HangError(outcome.hang, outcome.stderr_tail)
     if outcome.exit_code != 0 or outcome.terminated_by_us:
         code = outcome.exit_code or 143  # stopped by SIGTERM counts as a failure
         ran = (list(launch_plan.command.argv) if launch_plan.command

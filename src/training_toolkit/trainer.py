@@ -69,6 +69,14 @@ def _install_signal_handlers(job):
     for signum in FORWARDED_SIGNALS:
         signal.signal(signum, forward)
 
+    def dump(_signum, _frame):  # a thread dump, as a JVM's: the job goes on
+        log.info("received SIGQUIT: writing every rank's stack to %s"
+                 % os.path.dirname(job.paths.hang_dir("HOST")))
+        if not supervisor.dump_stacks():
+            log.info("no ranks run yet: no stacks to write")
+
+    signal.signal(signal.SIGQUIT, dump)
+
 
 def call_framework_hook(spec):
     """SAGEMAKER_TRAINING_MODULE=pkg.module:function -> import and call it."""
@@ -132,6 +140,10 @@ def run_job(argv=()):
         reporter.begin("contract")
         command = explicit_command(list(argv))
         params.check_settings(os.environ)
+        if params.hang_watch_requested(os.environ):  # refused here, before any user code
+            from .resilience.hang import settings_of
+
+            settings_of(os.environ)
         supervisor.grace_seconds = grace_seconds()
         pipeline.join_roster(paths, os.environ, reporter)
         env = Environment.read(paths)

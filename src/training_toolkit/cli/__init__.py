@@ -59,12 +59,14 @@ def cmd_plan(args):
     env = _environment(args)
     check_entry_point_before_fetch(env)  # as `train` would fail, before its install
     launch = plan(env)
+    watchdog = _hang_watchdog(os.environ)
     if args.json:
-        print(json.dumps(mask(launch.to_dict()), indent=2))
+        print(json.dumps(dict(mask(launch.to_dict()), hang_watchdog=watchdog), indent=2))
         return 0
     print("runner: %s\nhost:   %s (%s)" % (launch.runner, launch.host, launch.role))
     for note in launch.notes:
         print("note:   %s" % note)
+    print("hang watchdog: %s" % (watchdog or "off (%s unset)" % params.HANG_TIMEOUT_ENV))
     cmd = launch.command
     if cmd is None:
         return 0
@@ -73,6 +75,15 @@ def cmd_plan(args):
     for key, value in sorted(mask(cmd.env).items()):
         print("  %s=%s" % (key, value))
     return 0
+
+
+def _hang_watchdog(environ):
+    """What the hang watchdog will do (None: off); a bad setting is refused
+    here as `train` refuses it."""
+    from ..resilience.hang import settings_of
+
+    settings = settings_of(environ)
+    return settings.describe() if settings is not None else None
 
 
 def cmd_env(args):

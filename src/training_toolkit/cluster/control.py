@@ -267,6 +267,17 @@ class MasterControl(Ledger):
                              message.get("stderr_tail") or "")
         elif kind == "host_failed":
             self.host_failed(message["host"], message["exit_code"])
+        elif kind == "hang":
+            from ..resilience.watchdog import Hang
+
+            try:
+                hang = Hang.from_message(message)
+            except TypeError:
+                self.drops.note(message["host"][:80], "a hang report without its fields")
+                return
+            self.rank_hung(hang)
+        elif kind == "stacks":
+            self.stacks_of(message["host"], message["ranks"])
 
     def wait_for_workers(self, deadline):
         """Wait until every worker said hello; returns the hosts still missing."""

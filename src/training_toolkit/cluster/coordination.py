@@ -44,8 +44,13 @@ def outcome_from(message, terminated):
     if message.get("lost"):
         raise ClusterError("lost the worker host %s: its train ended before the job did "
                            "(the host died or was stopped)" % message["host"])
+    hang = None
+    if message.get("hang"):
+        from ..resilience.hang import HangVerdict
+
+        hang = HangVerdict.from_message(message["hang"])
     outcome = Outcome(int(message["exit_code"]), (message.get("stderr_tail") or "").encode(),
-                      terminated or bool(message.get("stopped")))
+                      terminated or bool(message.get("stopped")), hang=hang)
     if message.get("host"):
         outcome.where = ("rank %d on %s" % (message["rank"], message["host"])
                          if message.get("rank") is not None else "host %s" % message["host"])
@@ -63,6 +68,7 @@ class JobMaster:
         self.stop_local = stop_local
         self.reporter = reporter
         self.learned_at = None  # when this host first knew how the job ends
+        self.hang = None  # the watchdog's HangVerdict, once decided
         # Alone, take any free port: two local jobs on one machine must not clash.
         alone = not self.workers and not optional
         self.control = control.MasterControl(0 if alone else port, self.workers, key, optional)
@@ -91,6 +97,39 @@ class JobMaster:
 
         self.control.on_failure = on_failure
 
+    def watch_hangs(self, settings, dump_here, stop_here=None):
+        """On the first hung rank anywhere: every host dumps its ranks'
+        stacks (within the settings' deadline), the master decides the
+        verdict from them, then stops the job on every host as fail-fast
+        does, with the hang's exit code. `dump_here(on_demand)` dumps this
+        host's ranks and returns {rank: summary}."""
+        from ..resilience.hang import decide
+
+        stop_here = stop_here or self.stop_local
+
+        def decide_and_stop(hang):
+            started = time.monotonic()
+            self.learned_at = self.learned_at or learned_verdict(self.reporter, "hang")
+            deadline = settings.stack_deadline_s
+            self.control.broadcast({"type": "dump", "on_demand": False})
+            summaries = dump_here(False)
+            with self.control._joined:
+                hosts = sorted(self.control.links)
+            # A host answers within its deadline; the margin is the network's.
+            summaries.update(self.control.wait_for_stacks(hosts, started + deadline + 2.0))
+            self.hang = decide(hang, summaries, settings.exit_code, time.monotonic() - started)
+            self.control.broadcast({"type": "abort", "rank": hang.rank, "host": hang.host,
+                                    "exit_code": settings.exit_code, "grace": ABORT_GRACE_S})
+            stop_here(signal.SIGTERM, ABORT_GRACE_S)
+
+        self.control.on_hang = lambda hang: threading.Thread(
+            target=decide_and_stop, args=(hang,), name="hang-verdict", daemon=True).start()
+
+    def dump_everywhere(self, dump_here):
+        """SIGQUIT on the master: every host writes its ranks' stacks; the job goes on."""
+        self.control.broadcast({"type": "dump", "on_demand": True})
+        dump_here(True)
+
     def stop_everywhere(self, sig, grace):
         """SIGTERM (or `sig`) to the job's processes on every host; each host
         SIGKILLs what is left of its own after `grace`."""
@@ -108,6 +147,8 @@ class JobMaster:
         failure among them awaited up to REPORTS_WAIT_S; with none, the
         launcher's word does (not in a job stopped by SIGTERM, whose grace
         leaves no time to wait)."""
+        if self.hang is not None:
+            return self._hang_verdict(local, tail_of)
         named = launcher_failure if local.exit_code and not local.terminated_by_us else None
         if local.exit_code == 0 and expected_ranks and ranks_decide:
             deadline = time.monotonic() + REPORTS_WAIT_S
@@ -149,6 +190,17 @@ class JobMaster:
             return local
         return outcome_from(message, local.terminated_by_us)
 
+    def _hang_verdict(self, local, tail_of):
+        hang = self.hang.hang
+        tail = self.control.tails.get(hang.rank)
+        if not tail and tail_of is not None:
+            tail = tail_of(local.stderr_tail, hang.rank)
+        message = {"type": "verdict", "exit_code": self.hang.exit_code, "rank": hang.rank,
+                   "host": hang.host, "stderr_tail": tail or "", "hang": self.hang.to_message()}
+        self.control.decided = True
+        self.control.broadcast(message)
+        return outcome_from(message, local.terminated_by_us)
+
     def close(self):
         # The ranks' exits the master received, late ones too (for `timeline`).
         wall = time.time() - time.monotonic()
@@ -161,8 +213,13 @@ class JobWorker:
     """A worker host's side: follows the master's instructions and waits for
     its verdict. Losing the master ends the local ranks."""
 
-    def __init__(self, master, port, host, deadline, stop_local, grace, key, reporter):
+    def __init__(self, master, port, host, deadline, stop_local, grace, key, reporter,
+                 dump_here=None):
+        """`dump_here(on_demand)`: this host's ranks' stacks, when the master
+        asks for them (a hang, or SIGQUIT on the master)."""
         self.master = master
+        self.host = host
+        self.dump_here = dump_here
         self.stop_local = stop_local
         self.grace = grace
         self.reporter = reporter
@@ -196,7 +253,10 @@ class JobWorker:
             kind = msg.get("type")
             if kind in ("abort", "verdict") and self.verdict is None:
                 learned_verdict(self.reporter, kind)
-            if kind == "terminate":
+            if kind == "dump" and self.dump_here is not None:
+                threading.Thread(target=self._dump, args=(bool(msg.get("on_demand")),),
+                                 name="dump-stacks", daemon=True).start()
+            elif kind == "terminate":
                 self.told_to_stop = True
                 self.stop_local(msg.get("signal", signal.SIGTERM),
                                 msg.get("grace", self.grace))
@@ -207,6 +267,12 @@ class JobWorker:
                 self.verdict = msg
                 break
         self._done.set()
+
+    def _dump(self, on_demand):
+        ranks = self.dump_here(on_demand)
+        if not on_demand:
+            self.link.send({"type": "stacks", "host": self.host,
+                            "ranks": {str(r): s for r, s in ranks.items()}})
 
     def report_failure(self, host, exit_code):
         """This host's launcher failed (ranks may not have said why)."""

@@ -152,8 +152,20 @@ def main(argv=None):
     report({"type": "rank_start", "rank": rank, "host": host, "pid": os.getpid()})
     tags = {fd: b"[%s,%d]<%s>:" % (host.encode(), rank, name) for fd, name in
             ((1, b"stdout"), (2, b"stderr"))} if tag else None
+    watch = None
+    if params.hang_watch_requested(env):  # the settings were checked by this host's `train`
+        from ..resilience import hang
+
+        hang_settings = hang.settings_of(env)
+        if hang_settings is not None:
+            watch, env = hang.watch_rank(hang_settings, JobPaths.from_environ(env), rank,
+                                         host, env)
     proc = supervisor.start(program, env=env, cwd=cwd, relay_stdout=True,
-                            line_at_a_time=True, tag=tags)
+                            line_at_a_time=True, tag=tags, watch=watch)
+    if watch is not None:  # the master's `train` decides, once it has every rank's stack
+        from ..resilience.watchdog import Watchdog
+
+        Watchdog([watch], lambda found: report(found.to_message())).start()
     pid_file = None
     if env.get(RANKS_DIR_ENV):
         pid_file = os.path.join(env[RANKS_DIR_ENV], "%d.pid" % rank)

@@ -43,6 +43,9 @@ class Ledger:
         self.host_failures = {}  # worker host -> exit code of its local launcher
         self.lost = []           # LostWorker
         self.on_failure = None
+        self.hangs = []          # watchdog.Hang, in the order the wrappers reported them
+        self.on_hang = None      # called with the first Hang
+        self.stacks = {}         # host -> {rank: stack summary}, as its `train` sent them
         self.decided = False     # the verdict went out; later losses are goodbyes
         self._failed = False
         self._cond = threading.Condition()
@@ -51,6 +54,26 @@ class Ledger:
         with self._cond:
             self.rank_hosts[rank] = host
             self._entered()
+
+    def rank_hung(self, hang):
+        """A rank wrapper's watchdog found its rank hung."""
+        with self._cond:
+            self.hangs.append(hang)
+            first = len(self.hangs) == 1 and not self.decided
+        if first and self.on_hang is not None:
+            self.on_hang(hang)
+
+    def stacks_of(self, host, ranks):
+        with self._cond:
+            self.stacks[host] = ranks
+            self._cond.notify_all()
+
+    def wait_for_stacks(self, hosts, deadline):
+        """{rank: summary} of every host of `hosts` that sent its stacks by `deadline`."""
+        with self._cond:
+            self._cond.wait_for(lambda: set(hosts) <= set(self.stacks),
+                                max(deadline - time.monotonic(), 0))
+            return {int(r): s for h in hosts for r, s in self.stacks.get(h, {}).items()}
 
     def rank_exited(self, rank, host, exit_code, stderr_tail=""):
         """A rank's exit: its own report, or a launcher's notice that stands

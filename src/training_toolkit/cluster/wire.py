@@ -49,6 +49,9 @@ _FIELDS = {
     "rank_start": {"rank": int, "host": str, "pid": int},
     "rank_exit": {"rank": int, "host": str, "exit_code": int},
     "host_failed": {"host": str, "exit_code": int},
+    # The hang watchdog: a rank wrapper's verdict on its rank, a host's stacks.
+    "hang": {"rank": int, "host": str, "silent_s": (int, float), "reason": str},
+    "stacks": {"host": str, "ranks": dict},
 }
 
 

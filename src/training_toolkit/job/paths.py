@@ -209,3 +209,23 @@ class JobPaths:
     @property
     def exported_env_file(self):
         return self._join("toolkit", "env.json")
+
+    @property
+    def ranks_dir(self):
+        """Where each rank wrapper writes `<rank>.pid`: its pid and its program's."""
+        return self._join("toolkit", "ranks")
+
+    @property
+    def stacks_dir(self):
+        """Where armed ranks write their faulthandler dumps (resilience/stacks.py)."""
+        return self._join("toolkit", "stacks")
+
+    def heartbeat_file(self, rank):
+        """The heartbeat file of `rank` (TRAINING_TOOLKIT_HEARTBEAT_FILE)."""
+        return self._join("toolkit", "heartbeats", "rank-%d" % rank)
+
+    def hang_dir(self, host):
+        """Where this host's ranks' stacks go on a hang verdict (and, in a
+        `sigquit-<time>` dir below, on SIGQUIT): in output/data, so the
+        job's output.tar.gz carries them."""
+        return self._join("output", "data", "hang", host)

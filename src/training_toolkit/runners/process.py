@@ -1,6 +1,11 @@
 """The single-process runner: the user's program, once, on this host (or the
 job's shell command, such as an SDK v3 SourceCode.command, run by bash as
 sm_train.sh would)."""
+import os
+import signal
+import time
+
+from .. import params
 from ..job import resources
 from .plan import Command, LaunchPlan, base_env, program_cwd, user_program
 
@@ -25,6 +30,57 @@ def plan_command(env, command, extra_env=None):
 
 
 def run(launch_plan, supervisor, env, reporter):
-    """Start the plan's command under the supervisor; returns its Outcome."""
+    """Start the plan's command under the supervisor; returns its Outcome.
+    With the hang watchdog on, its output and heartbeat are watched, and a
+    hang ends it with the hang's exit code once its stack is written."""
     cmd = launch_plan.command
-    return supervisor.run(cmd.argv, env=cmd.full_env(), cwd=cmd.cwd)
+    settings = None
+    if params.hang_watch_requested(os.environ):
+        from ..resilience import hang
+
+        settings = hang.settings_of(os.environ)
+    if settings is None:
+        supervisor.start(cmd.argv, env=cmd.full_env(), cwd=cmd.cwd)
+        supervisor.on_dump = lambda: dump_here(env, supervisor, False)
+        try:
+            return supervisor.wait()
+        finally:
+            supervisor.on_dump = None
+    from ..cluster.coordination import ABORT_GRACE_S  # a hang ends as a failure elsewhere does
+    from ..resilience.watchdog import Watchdog
+
+    watch, full_env = hang.watch_rank(settings, env.paths, 0, env.current_host, cmd.full_env())
+    supervisor.start(cmd.argv, env=full_env, cwd=cmd.cwd, relay_stdout=True, watch=watch)
+    decided = []
+
+    def on_hang(found):
+        started = time.monotonic()
+        summaries = dump_here(env, supervisor, False, settings.stack_deadline_s)
+        decided.append(hang.decide(found, summaries, settings.exit_code,
+                                   time.monotonic() - started))
+        supervisor.stop(signal.SIGTERM, ABORT_GRACE_S)
+
+    supervisor.on_dump = lambda: dump_here(env, supervisor, True, settings.stack_deadline_s)
+    watchdog = Watchdog([watch], on_hang)
+    watchdog.start()
+    try:
+        outcome = supervisor.wait()
+    finally:
+        watchdog.stop()
+        supervisor.on_dump = None
+    if decided:
+        outcome.exit_code, outcome.hang = decided[0].exit_code, decided[0]
+        outcome.where = "rank 0 on %s" % env.current_host
+    return outcome
+
+
+def dump_here(env, supervisor, on_demand, deadline_s=None):
+    """The stack of the program (rank 0) on this host: on a hang, or on SIGQUIT."""
+    from ..resilience import hang
+
+    proc = supervisor.proc
+    if proc is None:
+        return {}
+    if deadline_s is None:
+        deadline_s = params.setting(os.environ, params.STACK_DEADLINE_ENV)
+    return hang.dump(env.paths, env.current_host, {0: proc.pid}, deadline_s, on_demand)

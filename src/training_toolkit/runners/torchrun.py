@@ -14,6 +14,7 @@ the rank's end from that exit, so the report is recorded before any
 torchrun can end or any worker can tell the master that its torchrun failed.
 """
 import os
+import shutil
 import signal
 import socket
 import time
@@ -24,6 +25,7 @@ from ..cluster import rank as rank_wrapper
 from ..cluster.coordination import JobMaster, JobWorker
 from ..errors import ConfigError, MissingProgramError
 from ..job import resources
+from ..resilience import hang
 from .plan import Command, LaunchPlan, PYTHON_PACKAGE, base_env, program_cwd, user_program
 
 NAME = "torchrun"
@@ -109,6 +111,7 @@ def plan(env, entry_point, args, extra_env=None, options=None, command=None):
     user_env = base_env(env, dict(settings.network_env, **(extra_env or {})))
     user_env[rank_wrapper.CONTROL_ENV] = "%s:%d" % (
         "127.0.0.1" if is_master else settings.master, settings.control_port)
+    user_env[rank_wrapper.RANKS_DIR_ENV] = env.paths.ranks_dir  # whose stacks to dump
     role = "single" if len(settings.hosts) == 1 else ("master" if is_master else "worker")
     argv = torchrun_argv(settings, program, env.job_python)
     notes = ["%d x %d processes; node rank %d" % (
@@ -135,6 +138,10 @@ def run(launch, supervisor, env, reporter):
                                   "torch.distributed.run (pip install torch)" % env.job_python)
     local = supervisor.stop
     deadline = time.monotonic() + ssh.deadline_seconds(os.environ)
+    hangs = hang.settings_of(os.environ)
+    dump_here = hang.host_dumper(env.paths, env.current_host, hangs)
+    shutil.rmtree(env.paths.ranks_dir, ignore_errors=True)
+    os.makedirs(env.paths.ranks_dir)
     workers = [h for h in settings.hosts if h != settings.master]
     if launch.role in ("master", "single"):
         if launch.role == "master":
@@ -142,6 +149,9 @@ def run(launch, supervisor, env, reporter):
         coordinator = JobMaster(settings.control_port, workers, local,
                                 control.job_key_for(env), reporter)
         launch.command.env[rank_wrapper.CONTROL_ENV] = coordinator.report_address()
+        if hangs is not None:
+            coordinator.watch_hangs(hangs, dump_here)
+        supervisor.on_dump = lambda: coordinator.dump_everywhere(dump_here)
         try:
             if settings.max_restarts == 0:
                 coordinator.fail_fast()
@@ -155,20 +165,21 @@ def run(launch, supervisor, env, reporter):
             return coordinator.verdict(outcome, expected_ranks=settings.world_size,
                                        ranks_decide=settings.max_restarts == 0)
         finally:
-            supervisor.on_terminate = None
+            supervisor.on_terminate = supervisor.on_dump = None
             coordinator.close()
     log.info("worker %s: waiting for the master %s" % (env.current_host, settings.master))
     worker = JobWorker(settings.master, settings.control_port, env.current_host, deadline,
                        local, supervisor.grace_seconds,
-                       control.job_key_for(env), reporter)
+                       control.job_key_for(env), reporter, dump_here)
     supervisor.on_terminate = lambda sig: local(sig, supervisor.grace_seconds)
+    supervisor.on_dump = lambda: dump_here(True)
     try:
         outcome = run_command(supervisor, launch.command)
         if outcome.exit_code != 0 and not worker.told_to_stop:
             worker.report_failure(env.current_host, outcome.exit_code)
         return worker.outcome(supervisor.terminating or worker.told_to_stop)
     finally:
-        supervisor.on_terminate = None
+        supervisor.on_terminate = supervisor.on_dump = None
 
 
 def check_port_free(port, env):

@@ -26,13 +26,14 @@ LEFTOVER_GRACE_S = 2.0
 class Outcome:
     """How a supervised command ended."""
 
-    __slots__ = ("exit_code", "stderr_tail", "terminated_by_us", "where")
+    __slots__ = ("exit_code", "stderr_tail", "terminated_by_us", "where", "hang")
 
-    def __init__(self, exit_code, stderr_tail, terminated_by_us, where=None):
+    def __init__(self, exit_code, stderr_tail, terminated_by_us, where=None, hang=None):
         self.exit_code = exit_code
         self.stderr_tail = stderr_tail
         self.terminated_by_us = terminated_by_us
         self.where = where  # which rank on which host failed, for multi-host jobs
+        self.hang = hang    # the watchdog's verdict (resilience.HangVerdict), if it ended the job
 
     def __repr__(self):
         return "Outcome(exit_code=%r, terminated_by_us=%r)" % (
@@ -96,6 +97,8 @@ class Supervisor:
         self._not_ours = set()
         self._relays = {}
         self.on_terminate = None
+        # Set by the runner: writes every rank's stack, the job going on (SIGQUIT).
+        self.on_dump = None
         proctree.become_subreaper()
 
     def run(self, argv, env=None, cwd=None, **relay_options):
@@ -104,12 +107,13 @@ class Supervisor:
         return self.wait()
 
     def start(self, argv, env=None, cwd=None, relay_stdout=False, relay_stderr=True,
-              transform=None, line_at_a_time=False, tag=None):
+              transform=None, line_at_a_time=False, tag=None, watch=None):
         """Start `argv` in its own session. stdout is inherited (no copy at
         all) unless `relay_stdout`; stderr is relayed and its tail kept.
         Relayed output is written in whole lines, optionally rewritten by
         `transform`, optionally one line per write, each prefixed with
-        `tag[fd]` (a rank's host and number)."""
+        `tag[fd]` (a rank's host and number). `watch` (the hang watchdog's
+        RankWatch) sees what is relayed."""
         if self.terminating:
             raise Terminated(signal.SIGTERM)
         # Children we already had (a framework's own helpers, sshd) are not
@@ -138,7 +142,7 @@ class Supervisor:
             os.close(write_end)
             out_fd = 1 if name == "stdout" else 2
             relay = LineRelay(read_end, out_fd, transform, line_at_a_time,
-                              (tag or {}).get(out_fd, b""), splice=True)
+                              (tag or {}).get(out_fd, b""), splice=True, watch=watch)
             relay.start()
             self._relays[name] = relay
         if self.terminating:  # a stop request came while it was starting
@@ -173,6 +177,15 @@ class Supervisor:
             self.on_terminate(sig)
         else:
             self.stop(sig, self.grace_seconds)
+        return True
+
+    def dump_stacks(self):
+        """Every rank's stack, in a thread of its own (a signal handler
+        calls this); False when nothing runs whose stacks could be written."""
+        dump = self.on_dump
+        if dump is None:
+            return False
+        threading.Thread(target=dump, name="dump-stacks", daemon=True).start()
         return True
 
     def forward(self, sig):

@@ -65,9 +65,12 @@ class LineRelay(threading.Thread):
     of destination, a failed splice) goes through the copying path."""
 
     def __init__(self, fd, out_fd=2, transform=None, line_at_a_time=False, tag=b"",
-                 splice=False):
+                 splice=False, watch=None):
         super().__init__(name="relay-%d" % out_fd, daemon=True)
         self.fd = fd
+        # The hang watchdog's view of this rank (resilience.watchdog.RankWatch):
+        # told of every read, and shown the whole lines before any tag.
+        self.watch = watch
         self.out_fd = out_fd
         self.transform = transform
         self.line_at_a_time = line_at_a_time or bool(tag)
@@ -75,7 +78,7 @@ class LineRelay(threading.Thread):
         # Only stderr shares a destination with the user's own stdout.
         self.atomic_pieces = out_fd == 2 and shares_destination(1, 2)
         self.splice = splice and transform is None and not self.line_at_a_time \
-            and not self.atomic_pieces
+            and not self.atomic_pieces and not (watch and watch.settings.needs_every_line)
         self.spliced_bytes = 0  # how much went out by splice(2), uncopied
         self.tail = bytearray()
 
@@ -119,6 +122,8 @@ class LineRelay(threading.Thread):
             n = 0
         if not n:
             return 0
+        if self.watch is not None:
+            self.watch.saw_output()
         end = filled + n
         cut = buf.rfind(b"\n", filled, end)
         if cut < 0:
@@ -156,6 +161,8 @@ class LineRelay(threading.Thread):
                 n = tee(src, side_w, PEEK_BYTES)
                 if not n:
                     return
+                if self.watch is not None:
+                    self.watch.saw_output()
                 if self._filled:
                     # A partial line is held (copied): copy up to the end of
                     # the line, then splice again.
@@ -181,6 +188,8 @@ class LineRelay(threading.Thread):
                     continue
                 gone = self._pass(splice, n - size + cut, null, look_view)
                 self._keep(look_view[:cut])
+                if self.watch is not None:
+                    self.watch.output(bytes(look_view[:cut]))
                 if gone:
                     raise _CopyInstead()
                 seen = size - cut
@@ -227,6 +236,8 @@ class LineRelay(threading.Thread):
 
     def _emit(self, block):
         """Write `block` (whole lines; a bytes-like view into the read buffer)."""
+        if self.watch is not None:
+            self.watch.output(bytes(block))
         if self.transform is not None:
             block = self.transform(bytes(block))
         self._keep(block)

@@ -1,0 +1,167 @@
+"""A hang, from one rank's silence to the job's verdict: what each rank is
+given (its heartbeat file, armed stacks), what each host dumps, and the
+verdict the master writes (which rank hung first, where it was, and the
+odd one out among every rank's stack)."""
+import dataclasses
+import os
+import time
+
+from .. import log, params
+
+
+def rank_env(settings, paths, rank):
+    """The variables a rank gets while the watchdog is on: its heartbeat
+    file, and the stack dump armed in every Python process it starts."""
+    from . import stacks
+
+    heartbeat = paths.heartbeat_file(rank)
+    os.makedirs(os.path.dirname(heartbeat), exist_ok=True)
+    os.makedirs(paths.stacks_dir, exist_ok=True)
+    try:  # an earlier run's file would count as this rank's first heartbeat
+        os.unlink(heartbeat)
+    except OSError:
+        pass
+    env = {params.HEARTBEAT_FILE_ENV: heartbeat}
+    env.update(stacks.rank_env(dict(os.environ, **env), paths.stacks_dir))
+    return env
+
+
+def settings_of(environ):
+    """The watchdog's settings, or None when it is off."""
+    if not params.hang_watch_requested(environ):
+        return None
+    from .settings import HangSettings
+
+    return HangSettings.from_environ(environ)
+
+
+def watch_rank(settings, paths, rank, host, env):
+    """(RankWatch, the rank's env with the watchdog's variables added)."""
+    from .watchdog import RankWatch
+
+    env = dict(env, **rank_env(settings, paths, rank))
+    return RankWatch(settings, rank, host, env[params.HEARTBEAT_FILE_ENV]), env
+
+
+def rank_pids(ranks_dir):
+    """{rank: program pid} of this host's ranks, from their wrappers' pid files."""
+    found = {}
+    try:
+        names = os.listdir(ranks_dir)
+    except OSError:
+        return found
+    for name in names:
+        if not name.endswith(".pid"):
+            continue
+        try:
+            with open(os.path.join(ranks_dir, name)) as f:
+                found[int(name[:-4])] = int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def dump(paths, host, ranks, deadline_s, on_demand=False):
+    """Every rank's stack on this host into output/data/hang/<host>/ (or a
+    `sigquit-<time>` dir below it); returns {rank: summary} (JSON-able)
+    within `deadline_s`."""
+    from . import stacks
+
+    dest = paths.hang_dir(host)
+    if on_demand:
+        dest = os.path.join(dest, time.strftime("sigquit-%Y%m%dT%H%M%S"))
+    started = time.monotonic()
+    try:
+        found = stacks.collect(ranks, host, dest, paths.stacks_dir, deadline_s)
+    except OSError as e:
+        log.error("could not write the ranks' stacks to %s: %s" % (dest, e))
+        return {}
+    summary = {int(rank): dict(info, host=host) for rank, info in stacks.summary(found).items()}
+    log.info("wrote the stacks of %d rank(s) on %s to %s in %.1f s" % (
+        len(found), host, dest, time.monotonic() - started))
+    return summary
+
+
+def host_dumper(paths, host, settings=None):
+    """`dump_here(on_demand)`: the stacks of this host's ranks, as their
+    wrappers' pid files name them; {rank: summary}."""
+    deadline_s = (settings.stack_deadline_s if settings is not None
+                  else params.setting(os.environ, params.STACK_DEADLINE_ENV))
+    return lambda on_demand: dump(paths, host, rank_pids(paths.ranks_dir), deadline_s,
+                                  on_demand)
+
+
+@dataclasses.dataclass(frozen=True)
+class HangVerdict:
+    """The job's verdict on a hang, as the master decides it."""
+    hang: object            # watchdog.Hang: the first rank found hung
+    exit_code: int
+    top_frame: str = ""     # the hung rank's top user frame
+    odd_one_out: object = None  # the rank whose stack differs from all the others
+    odd_frame: str = ""
+    ranks_dumped: int = 0
+    unanswered: tuple = ()  # ranks whose Python stack did not come in time
+    dump_s: float = 0.0     # from the verdict to the last stack file
+
+    def headline(self):
+        hang = self.hang
+        text = "rank %d on %s hung: %s for %.1f s in phase %s" % (
+            hang.rank, hang.host, hang.reason, hang.silent_s, hang.phase)
+        if hang.step:
+            text += " (step %s)" % hang.step
+        return text
+
+    def details(self):
+        """The lines after the headline in output/failure."""
+        lines = []
+        if self.top_frame:
+            lines.append("its stack: %s" % self.top_frame)
+        if self.odd_one_out is not None:
+            lines.append("the odd one out: rank %s (%s), whose stack differs from every "
+                         "other rank's" % (self.odd_one_out, self.odd_frame or "no frame"))
+        if self.hang.last_line:
+            lines.append("its last line: %s" % self.hang.last_line)
+        lines.append("stacks of %d rank(s) in output/data/hang/<host>/ (%s)" % (
+            self.ranks_dumped, "all answered" if not self.unanswered else
+            "no Python stack from rank(s) %s" % ", ".join(map(str, self.unanswered))))
+        return lines
+
+    def status(self, latency_s=None):
+        out = dict(dataclasses.asdict(self.hang), exit_code=self.exit_code,
+                   top_frame=self.top_frame, odd_one_out=self.odd_one_out,
+                   odd_frame=self.odd_frame,
+                   ranks_dumped=self.ranks_dumped, unanswered=list(self.unanswered),
+                   dump_s=self.dump_s)
+        if latency_s is not None:
+            out["detection_latency_s"] = latency_s
+        return out
+
+    def to_message(self):
+        return dict(self.status(), hang=dataclasses.asdict(self.hang))
+
+    @classmethod
+    def from_message(cls, message):
+        from .watchdog import Hang
+
+        return cls(hang=Hang(**message["hang"]), exit_code=int(message["exit_code"]),
+                   top_frame=message.get("top_frame") or "",
+                   odd_one_out=message.get("odd_one_out"),
+                   odd_frame=message.get("odd_frame") or "",
+                   ranks_dumped=int(message.get("ranks_dumped") or 0),
+                   unanswered=tuple(message.get("unanswered") or ()),
+                   dump_s=float(message.get("dump_s") or 0.0))
+
+
+def decide(hang, summaries, exit_code, dump_s):
+    """The verdict from the first Hang and every host's {rank: summary}."""
+    from .stacks import odd_one_out
+
+    top = summaries.get(hang.rank, {}).get("top") or ""
+    odd = odd_one_out({r: tuple(s.get("signature") or ()) for r, s in summaries.items()})
+    return HangVerdict(hang=hang, exit_code=exit_code, top_frame=top, odd_one_out=odd,
+                       odd_frame=(summaries.get(odd, {}).get("top") or "") if odd is not None
+                       else "",
+                       ranks_dumped=len(summaries),
+                       unanswered=tuple(sorted(r for r, s in summaries.items()
+                                               if not s.get("answered"))),
+                       dump_s=round(dump_s, 2))

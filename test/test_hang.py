@@ -1,0 +1,366 @@
+"""The hang watchdog: real `train` runs (one host, and torchrun and MPI
+across simulated hosts with gloo), a rank that goes silent, and the verdict
+on every host: exit 200, the failure naming the rank and its stack, every
+rank's stack file. Nothing is mocked; the NCCL flight recorder is set but
+cannot be proven without a GPU (test_nccl_flight_recorder_is_set)."""
+import json
+import os
+import signal
+import subprocess
+
+import pytest
+
+from cluster_jobs import ClusterJob, require_cluster
+from jobs import PYTHON, TRAIN, Job, wait_for
+from training_toolkit.distributed import Torchrun
+
+HANG = 200
+T = 5
+
+# One process: prints steps, then goes silent in a named function.
+SILENT = """
+import os, sys, time
+def stuck_in_the_data_loader():
+    time.sleep(600)
+for step in range(int(os.environ.get("STEPS", "5"))):
+    print("step", step, flush=True)
+    time.sleep(0.05)
+stuck_in_the_data_loader()
+"""
+
+# 2 x 2 ranks under torchrun (gloo): rank HANG_RANK stops printing after step
+# 20 and sleeps in a named function; the others block in all_reduce.
+TORCH_RANKS = """
+import os, time
+import torch, torch.distributed as dist
+def stuck_in_the_data_loader():
+    time.sleep(600)
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+t = torch.zeros(1)
+for step in range(1000):
+    print("rank %d step %d" % (rank, step), flush=True)
+    if step == 10:
+        open(os.path.join(os.environ["SM_MODEL_DIR"], "step-10-rank-%d" % rank), "w").close()
+    if step == 20 and rank == int(os.environ.get("HANG_RANK", "-1")):
+        stuck_in_the_data_loader()
+    dist.all_reduce(t)
+    time.sleep(0.01)
+"""
+
+
+def hang_env(**extra):
+    # torch's import alone can take 15 s on a loaded 2-core machine: the start
+    # timeout (default 3 T) is not what these tests are about.
+    return dict({"TRAINING_TOOLKIT_HANG_TIMEOUT_S": str(T),
+                 "TRAINING_TOOLKIT_HANG_START_TIMEOUT_S": "120"}, **extra)
+
+
+def stack_files(base, host):
+    d = os.path.join(base, "output", "data", "hang", host)
+    return sorted(n for n in os.listdir(d) if n.startswith("rank-")) if os.path.isdir(d) else []
+
+
+def test_a_silent_process_ends_200_with_its_stack(tmp_path):
+    job = Job(tmp_path, {"train.py": SILENT})
+    r = job.run(timeout=90, env=job.env(**hang_env()))
+    assert r.returncode == HANG, r.stderr.decode()[-3000:]
+    failure = job.failure()
+    first = failure.splitlines()[0]
+    assert "rank 0 on algo-1 hung: no progress for" in first, failure
+    assert "stuck_in_the_data_loader" in failure and "its last line: step 4" in failure
+    assert stack_files(job.base, "algo-1") == ["rank-0.txt"]
+    text = job.read("output", "data", "hang", "algo-1", "rank-0.txt")
+    assert "stuck_in_the_data_loader" in text and "hrtimer_nanosleep" in text, text
+    hang = job.status()["hang"]
+    assert (hang["rank"], hang["host"], hang["phase"], hang["exit_code"]) == (
+        0, "algo-1", "train", HANG)
+    assert hang["silent_s"] >= T
+    assert not job.exists("output", "success")
+
+
+@pytest.mark.usefixtures("cluster_supported")
+def test_torchrun_hung_rank_ends_every_host_with_200_and_four_stacks(tmp_path):
+    pytest.importorskip("torch")
+    with ClusterJob(tmp_path, 2, {"train.py": TORCH_RANKS},
+                    distributed=Torchrun(process_count_per_node=2)) as job:
+        job.start(HANG_RANK=3, **hang_env()).wait(timeout=180)
+        assert job.codes() == {"algo-1": HANG, "algo-2": HANG}, {
+            h: r.err.decode()[-3000:] for h, r in job.runs.items()}
+        for host in job.hosts:
+            failure = job.read(host, "output", "failure")
+            assert "rank 3 on algo-2 hung" in failure.splitlines()[0], failure
+            assert "stuck_in_the_data_loader" in failure, failure
+            assert "the odd one out: rank 3" in failure, failure
+        assert stack_files(job.roots["algo-1"], "algo-1") == ["rank-0.txt", "rank-1.txt"]
+        assert stack_files(job.roots["algo-2"], "algo-2") == ["rank-2.txt", "rank-3.txt"]
+        assert "stuck_in_the_data_loader" in job.read(
+            "algo-2", "output", "data", "hang", "algo-2", "rank-3.txt")
+        assert job.job_processes() == []
+
+
+@pytest.fixture(scope="module")
+def cluster_supported():
+    require_cluster()
+
+
+# A logging thread keeps printing; the main loop beats its heartbeat, then
+# gets stuck: once the heartbeat was written, only it counts.
+CHATTY_BUT_STUCK = """
+import os, threading, time
+beat = os.environ["TRAINING_TOOLKIT_HEARTBEAT_FILE"]
+def chatter():
+    while True:
+        print("still logging", flush=True)
+        time.sleep(0.3)
+threading.Thread(target=chatter, daemon=True).start()
+def stuck_in_a_deadlock():
+    threading.Lock().acquire() or threading.Event().wait()
+    threading.Event().wait()
+for step in range(5):
+    with open(beat + ".tmp", "w") as f:
+        f.write("step=%d phase=train" % step)
+    os.replace(beat + ".tmp", beat)
+    time.sleep(0.2)
+stuck_in_a_deadlock()
+"""
+
+
+def test_heartbeat_catches_a_stuck_loop_behind_a_chatty_thread(tmp_path):
+    job = Job(tmp_path, {"train.py": CHATTY_BUT_STUCK})
+    r = job.run(timeout=90, env=job.env(**hang_env()))
+    assert r.returncode == HANG, r.stderr.decode()[-3000:]
+    hang = job.status()["hang"]
+    assert (hang["reason"], hang["phase"], hang["step"]) == ("no progress", "train", "4"), hang
+    assert "stuck_in_a_deadlock" in job.failure()
+
+
+# A checkpoint phase longer than T is no hang; a hang inside the phase is
+# one once the phase's own timeout passes.
+PHASES = """
+import os, sys, time
+beat = os.environ["TRAINING_TOOLKIT_HEARTBEAT_FILE"]
+def heartbeat(text):
+    with open(beat + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(beat + ".tmp", beat)
+def save_checkpoint(seconds):
+    heartbeat("step=1 phase=checkpoint")
+    time.sleep(seconds)
+heartbeat("step=0 phase=train")
+save_checkpoint(float(sys.argv[1]) * 3)
+heartbeat("step=2 phase=train")
+open(os.path.join(os.environ["SM_MODEL_DIR"], "saved"), "w").close()
+if os.environ.get("HANG_IN_PHASE"):
+    save_checkpoint(600)
+"""
+
+
+@pytest.mark.parametrize("hang_in_phase", [False, True], ids=["long-phase", "hang-in-phase"])
+def test_a_declared_phase_has_its_own_timeout(tmp_path, hang_in_phase):
+    t = 2
+    job = Job(tmp_path, {"train.py": PHASES}, hyperparameters={})
+    env = job.env(TRAINING_TOOLKIT_HANG_TIMEOUT_S=t,
+                  TRAINING_TOOLKIT_HANG_PHASE_TIMEOUTS="checkpoint=%d,eval=900" % (4 * t))
+    if hang_in_phase:
+        env["HANG_IN_PHASE"] = "1"
+    proc = subprocess.run([TRAIN, "--", PYTHON, "train.py", str(t)], env=env, timeout=120,
+                          cwd=job.src, capture_output=True)
+    assert job.exists("model", "saved"), proc.stderr.decode()[-3000:]
+    if not hang_in_phase:
+        assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+        return
+    assert proc.returncode == HANG, proc.stderr.decode()[-3000:]
+    hang = job.status()["hang"]
+    assert (hang["phase"], hang["step"]) == ("checkpoint", "1"), hang
+    assert hang["silent_s"] >= 4 * t
+    assert "save_checkpoint" in job.failure()
+
+
+def test_start_timeout_catches_a_rank_that_never_writes(tmp_path):
+    job = Job(tmp_path, {"train.py": "import time\ntime.sleep(600)\n"})
+    r = job.run(timeout=90, env=job.env(TRAINING_TOOLKIT_HANG_TIMEOUT_S=60,
+                                        TRAINING_TOOLKIT_HANG_START_TIMEOUT_S=2))
+    assert r.returncode == HANG, r.stderr.decode()[-3000:]
+    assert job.status()["hang"]["reason"] == "no first progress"
+
+
+def test_regex_counts_only_matching_lines(tmp_path):
+    script = """
+import time
+for i in range(3):
+    print("loss=%d" % i, flush=True)
+while True:
+    print("noise", flush=True)
+    time.sleep(0.2)
+"""
+    job = Job(tmp_path, {"train.py": script})
+    r = job.run(timeout=90, env=job.env(TRAINING_TOOLKIT_HANG_TIMEOUT_S=2,
+                                        TRAINING_TOOLKIT_HANG_REGEX=r"loss=\d+"))
+    assert r.returncode == HANG, r.stderr.decode()[-3000:]
+    assert "its last line: noise" in job.failure()
+
+
+def test_a_non_python_rank_says_where_it_waits(tmp_path):
+    job = Job(tmp_path, {"train.py": ""})
+    proc = subprocess.run([TRAIN, "--", "bash", "-c", "echo started; sleep 600; echo done"],
+                          env=job.env(TRAINING_TOOLKIT_HANG_TIMEOUT_S=2), timeout=90,
+                          cwd=job.src, capture_output=True)
+    assert proc.returncode == HANG, proc.stderr.decode()[-3000:]
+    text = job.read("output", "data", "hang", "algo-1", "rank-0.txt")
+    assert "(sleep)" in text and "wchan: hrtimer_nanosleep" in text, text
+    assert "(bash)" in text and "do_wait" in text, text  # the tree: bash waits for sleep
+
+
+def test_sigquit_dumps_and_the_job_goes_on(tmp_path):
+    script = """
+import os, time
+open(os.path.join(os.environ["SM_MODEL_DIR"], "ready"), "w").close()
+def training_step():
+    time.sleep(0.2)
+for step in range(30):
+    training_step()
+    print("step", step, flush=True)
+"""
+    job = Job(tmp_path, {"train.py": script})
+    proc = job.popen(env=job.env(TRAINING_TOOLKIT_HANG_TIMEOUT_S=30))
+    try:
+        wait_for(os.path.join(job.base, "model", "ready"))
+        proc.send_signal(signal.SIGQUIT)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err.decode()[-3000:]
+    hang_dir = os.path.join(job.base, "output", "data", "hang", "algo-1")
+    dumps = [d for d in os.listdir(hang_dir) if d.startswith("sigquit-")]
+    assert len(dumps) == 1, os.listdir(hang_dir)
+    text = open(os.path.join(hang_dir, dumps[0], "rank-0.txt")).read()
+    assert "training_step" in text, text
+    assert job.exists("output", "success")
+
+
+def test_a_rank_that_ignores_the_dump_signal_is_cut_at_the_deadline(tmp_path):
+    script = """
+import os, signal, time
+# The dump signal, as this process was armed with it (sitecustomize's .armed file).
+armed = open(os.path.join(os.environ["TRAINING_TOOLKIT_STACKS_DIR"], "%d.armed" % os.getpid()))
+number = int(dict(line.split("=", 1) for line in armed.read().split())["signal"])
+signal.signal(number, signal.SIG_IGN)
+print("ignoring", number, flush=True)
+time.sleep(600)
+"""
+    job = Job(tmp_path, {"train.py": script})
+    r = job.run(timeout=90, env=job.env(TRAINING_TOOLKIT_HANG_TIMEOUT_S=2,
+                                        TRAINING_TOOLKIT_STACK_DEADLINE_S=2))
+    assert r.returncode == HANG, r.stderr.decode()[-3000:]
+    hang = job.status()["hang"]
+    assert hang["unanswered"] == [0] and hang["dump_s"] <= 2 + 1, hang
+    assert "did not answer" in job.read("output", "data", "hang", "algo-1", "rank-0.txt")
+    assert "no Python stack from rank(s) 0" in job.failure()
+
+
+@pytest.mark.parametrize("variable, value, named", [
+    ("HANG_TIMEOUT_S", "abc", None),
+    ("HANG_TIMEOUT_S", "-5", None),
+    ("HANG_PHASE_TIMEOUTS", "checkpoint:60", None),
+    ("HANG_PHASE_TIMEOUTS", "eval=-1", None),
+    ("HANG_REGEX", "loss=(", None),
+    ("HANG_EXIT_CODE", "300", None),
+    ("STACK_DEADLINE_S", "0", None),
+    ("LOG_RULES_FILE", "/nonexistent/rules.json", "/nonexistent/rules.json"),
+    ("LOG_RULES_FILE", "RULES", "logMonitoringConfiguration"),
+])
+def test_bad_settings_are_78_before_user_code(tmp_path, variable, value, named):
+    script = "import os\nopen(os.path.join(os.environ['SM_MODEL_DIR'], 'ran'), 'w').close()\n"
+    job = Job(tmp_path, {"train.py": script})
+    if value == "RULES":
+        value = str(tmp_path / "rules.json")
+        with open(value, "w") as f:
+            json.dump({"logMonitoringConfiguration": [{"name": "x", "logPatern": "a"}]}, f)
+    variable = "TRAINING_TOOLKIT_" + variable
+    named = named or variable
+    env = job.env(**{variable: value})
+    env.setdefault("TRAINING_TOOLKIT_HANG_TIMEOUT_S", "5")
+    r = job.run(timeout=60, env=env)
+    assert r.returncode == 78, r.stderr.decode()[-2000:]
+    assert named in job.failure(), job.failure()
+    assert not job.exists("model", "ran")
+
+
+def test_hang_exit_code_is_configurable(tmp_path):
+    job = Job(tmp_path, {"train.py": SILENT})
+    r = job.run(timeout=90, env=job.env(TRAINING_TOOLKIT_HANG_TIMEOUT_S=2,
+                                        TRAINING_TOOLKIT_HANG_EXIT_CODE=142))
+    assert r.returncode == 142, r.stderr.decode()[-3000:]
+    assert "exit code: 142" in job.failure()
+
+
+def test_plan_shows_the_watchdog(tmp_path):
+    job = Job(tmp_path, {"train.py": SILENT})
+    off = subprocess.run(["training-toolkit", "plan", "--job-dir", job.base],
+                         env=job.env(), capture_output=True, text=True, timeout=60)
+    assert "hang watchdog: off" in off.stdout, off.stdout + off.stderr
+    on = subprocess.run(["training-toolkit", "plan", "--job-dir", job.base], env=job.env(
+        TRAINING_TOOLKIT_HANG_TIMEOUT_S=5, TRAINING_TOOLKIT_HANG_PHASE_TIMEOUTS="checkpoint=60"),
+        capture_output=True, text=True, timeout=60)
+    assert "hang watchdog: a rank silent for 5s is hung (15s before its first progress)" in \
+        on.stdout and "checkpoint=60s" in on.stdout, on.stdout + on.stderr
+
+
+def explain(job):
+    return "\n".join("--- %s (%s) ---\n%s" % (h, r.proc.returncode,
+                                              r.err.decode("utf-8", "replace")[-3000:])
+                     for h, r in job.runs.items())
+
+
+@pytest.mark.usefixtures("cluster_supported")
+def test_pytorchjob_pods_all_exit_200(tmp_path):
+    """The training operator's variables (simulated: no Kubernetes control
+    plane here), `train -- python3 t.py` as each pod's command."""
+    pytest.importorskip("torch")
+    from test_kubeflow_batch import empty_tree, pytorchjob_env
+
+    with ClusterJob(tmp_path, 2, {"t.py": TORCH_RANKS}, write_tree=empty_tree) as job:
+        job.start(argv=("--", "python3", "t.py"), env_of=pytorchjob_env(job.hosts, "2"),
+                  cwd=job.src, TRAINING_TOOLKIT_JOB_SECRET="kube-secret", HANG_RANK=1,
+                  **hang_env()).wait(timeout=180)
+        assert job.codes() == {"algo-1": HANG, "algo-2": HANG}, explain(job)
+        for host in job.hosts:
+            failure = job.read(host, "output", "failure")
+            assert "rank 1 on algo-1 hung" in failure.splitlines()[0], failure
+        assert len(stack_files(job.roots["algo-2"], "algo-2")) == 2
+        assert job.job_processes() == []
+
+
+def train_pid(job, host):
+    """The pid of `train` on `host` (the cluster may start it through a wrapper)."""
+    import psutil
+
+    proc = psutil.Process(job.runs[host].proc.pid)
+    for p in [proc] + proc.children(recursive=True):
+        if any(part.endswith("/train") or part == "train" for part in p.cmdline()[:2]):
+            return p.pid
+    raise AssertionError("no train under pid %d" % proc.pid)
+
+
+@pytest.mark.usefixtures("cluster_supported")
+def test_a_host_that_does_not_answer_does_not_hold_the_verdict(tmp_path):
+    """The worker's `train` is frozen (SIGSTOP) when rank 0 on the master
+    hangs: the master decides once the dump deadline passes, without its
+    stacks; the worker, thawed, ends with the verdict."""
+    pytest.importorskip("torch")
+    with ClusterJob(tmp_path, 2, {"train.py": TORCH_RANKS},
+                    distributed=Torchrun(process_count_per_node=1)) as job:
+        job.start(HANG_RANK=0, TRAINING_TOOLKIT_STACK_DEADLINE_S=2, **hang_env())
+        wait_for(os.path.join(job.roots["algo-2"], "model", "step-10-rank-1"), timeout=120)
+        worker = train_pid(job, "algo-2")
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            job.wait(timeout=120, hosts=["algo-1"])
+        finally:
+            os.kill(worker, signal.SIGCONT)
+        job.wait(timeout=120)
+        assert job.codes() == {"algo-1": HANG, "algo-2": HANG}, explain(job)
+        hang = json.loads(job.read("algo-1", "output", "status.json"))["hang"]
+        assert hang["ranks_dumped"] == 1, hang  # the master's own rank only
+        assert stack_files(job.roots["algo-1"], "algo-1") == ["rank-0.txt"]
