@@ -364,3 +364,193 @@ def test_a_host_that_does_not_answer_does_not_hold_the_verdict(tmp_path):
         hang = json.loads(job.read("algo-1", "output", "status.json"))["hang"]
         assert hang["ranks_dumped"] == 1, hang  # the master's own rank only
         assert stack_files(job.roots["algo-1"], "algo-1") == ["rank-0.txt"]
+
+
+# Prints every T/2, then saves for 3 T in a declared phase (whose own timeout
+# is longer), then prints again: never a hang.
+STEADY = """
+import os, sys, time
+t = float(os.environ["TRAINING_TOOLKIT_HANG_TIMEOUT_S"])
+beat = os.environ["TRAINING_TOOLKIT_HEARTBEAT_FILE"]
+def heartbeat(text):
+    with open(beat + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(beat + ".tmp", beat)
+for step in range(2):
+    print("step", step, flush=True)
+    time.sleep(t / 2)
+heartbeat("step=2 phase=checkpoint")
+time.sleep(3 * t)
+for step in range(3, 5):
+    heartbeat("step=%d phase=train" % step)
+    print("step", step, flush=True)
+    time.sleep(t / 2)
+"""
+FALSE_HANG_RUNS = int(os.environ.get("TT_FALSE_HANG_RUNS", "50"))
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.usefixtures("cluster_supported")
+def test_no_false_hangs(tmp_path):
+    """A 2-host job (torchrun, a rank per host) that prints every T/2 and saves
+    for 3 T in a declared phase, FALSE_HANG_RUNS times: no verdict. The runs
+    go 5 clusters at a time (the machine loaded as a busy host is)."""
+    pytest.importorskip("torch")
+    import concurrent.futures
+
+    t, clusters = 1, 5
+
+    def runs(index, count):
+        failed = []
+        with ClusterJob(tmp_path / str(index), 2, {"train.py": STEADY},
+                        distributed=Torchrun(process_count_per_node=1)) as job:
+            for run in range(count):
+                job.start(TRAINING_TOOLKIT_HANG_TIMEOUT_S=t,
+                          TRAINING_TOOLKIT_HANG_START_TIMEOUT_S=120,
+                          TRAINING_TOOLKIT_HANG_PHASE_TIMEOUTS="checkpoint=%d" % (5 * t))
+                job.wait(timeout=180)
+                if job.codes() != {"algo-1": 0, "algo-2": 0}:
+                    failed.append("cluster %d run %d:\n%s" % (index, run, explain(job)))
+        return failed
+
+    counts = [FALSE_HANG_RUNS // clusters + (i < FALSE_HANG_RUNS % clusters)
+              for i in range(clusters)]
+    with concurrent.futures.ThreadPoolExecutor(clusters) as pool:
+        failed = sum(pool.map(runs, range(clusters), counts), [])
+    assert not failed, "%d of %d runs ended otherwise than 0:\n%s" % (
+        len(failed), FALSE_HANG_RUNS, "\n".join(failed)[-6000:])
+
+
+# 2 x 2 ranks under MPI: rank 3 goes silent at step 20, the others block in
+# the allreduce.
+MPI_RANKS = """
+import os, time
+from mpi4py import MPI
+def stuck_in_the_data_loader():
+    time.sleep(600)
+comm = MPI.COMM_WORLD
+rank = comm.Get_rank()
+for step in range(100000):
+    print("rank %d step %d" % (rank, step), flush=True)
+    if step == 20 and rank == int(os.environ.get("HANG_RANK", "-1")):
+        stuck_in_the_data_loader()
+    comm.allreduce(step)
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.usefixtures("cluster_supported")
+def test_mpi_hung_rank_ends_every_host_with_200_and_four_stacks(tmp_path):
+    pytest.importorskip("mpi4py")
+    with ClusterJob(tmp_path, 2, {"train.py": MPI_RANKS},
+                    hyperparameters={"sagemaker_mpi_enabled": True,
+                                     "sagemaker_mpi_num_of_processes_per_host": 2}) as job:
+        job.start(HANG_RANK=3, **hang_env()).wait(timeout=180)
+        assert job.codes() == {"algo-1": HANG, "algo-2": HANG}, explain(job)
+        for host in job.hosts:
+            failure = job.read(host, "output", "failure")
+            assert "rank 3 on algo-2 hung" in failure.splitlines()[0], failure
+            assert "stuck_in_the_data_loader" in failure, failure
+            assert "the odd one out: rank 3" in failure, failure
+        assert stack_files(job.roots["algo-1"], "algo-1") == ["rank-0.txt", "rank-1.txt"]
+        assert stack_files(job.roots["algo-2"], "algo-2") == ["rank-2.txt", "rank-3.txt"]
+        assert job.job_processes() == []
+
+
+@pytest.mark.usefixtures("cluster_supported")
+def test_local_rehearses_a_hang_on_two_hosts(tmp_path):
+    """`training-toolkit local` passes the watchdog's variables as they are."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(SILENT)
+    proc = subprocess.run(
+        ["training-toolkit", "local", "--hosts", "2", "--no-job-venv",
+         "--job-dir", str(tmp_path / "job"), str(code)],
+        env=dict(os.environ, TRAINING_TOOLKIT_HANG_TIMEOUT_S="2"), capture_output=True,
+        text=True, timeout=180)
+    assert proc.returncode == HANG, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "hung: no progress for" in proc.stdout + proc.stderr
+
+
+# HyperPod's rules on a live job: batches stop after a few (the rule expects
+# one every 2 s), though the rank keeps logging something else.
+BATCHES_THEN_NOISE = """
+import time
+for batch in range(3):
+    print("[Epoch 0 Batch %d] {'training_loss_step': 0.5}" % batch, flush=True)
+    time.sleep(0.2)
+while True:
+    print("waiting for the data loader", flush=True)
+    time.sleep(0.3)
+"""
+
+
+@pytest.mark.parametrize("rule, reason", [
+    ({"name": "JobHangingDetection", "expectedRecurringFrequencyInSeconds": 2,
+      "expectedStartCutOffInSeconds": 60,
+      "logPattern": r".*\[Epoch 0 Batch \d+.*'training_loss_step': (\d+(\.\d+)?).*"},
+     "log rule JobHangingDetection: HANGING"),
+    ({"name": "GPU Error", "logPattern": ".*waiting for the data.*", "faultOnMatch": True},
+     "log rule GPU Error: FAULTED"),
+], ids=["hanging", "faulted"])
+def test_a_hyperpod_rule_ends_a_live_job_with_200(tmp_path, rule, reason):
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps({"logMonitoringConfiguration": [rule]}))
+    job = Job(tmp_path, {"train.py": BATCHES_THEN_NOISE})
+    r = job.run(timeout=90, env=job.env(TRAINING_TOOLKIT_LOG_RULES_FILE=str(rules)))
+    assert r.returncode == HANG, r.stderr.decode()[-3000:]
+    assert job.status()["hang"]["reason"].startswith(reason), job.status()["hang"]
+    assert reason in job.failure().splitlines()[0]
+
+
+def test_nccl_flight_recorder_is_set(tmp_path):
+    """The flight recorder's variables reach the rank where the user set none
+    (a user's own value stays). What torch does with them needs a GPU and
+    NCCL: not provable here."""
+    script = """
+import json, os
+names = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT",
+         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
+with open(os.path.join(os.environ["SM_MODEL_DIR"], "env.json"), "w") as f:
+    json.dump({n: os.environ.get(n) for n in names}, f)
+"""
+    job = Job(tmp_path, {"train.py": script})
+    r = job.run(timeout=60, env=job.env(TRAINING_TOOLKIT_HANG_TIMEOUT_S=30,
+                                        TORCH_NCCL_DUMP_ON_TIMEOUT="0"))
+    assert r.returncode == 0, r.stderr.decode()[-3000:]
+    seen = json.loads(job.read("model", "env.json"))
+    assert seen["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "0"  # the user's
+    assert int(seen["TORCH_FR_BUFFER_SIZE"]) > 0
+    for name in ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"):
+        assert seen[name].startswith(os.path.join(job.base, "toolkit", "stacks")), seen
+
+
+@pytest.mark.usefixtures("cluster_supported")
+def test_sigquit_on_the_master_dumps_every_host(tmp_path):
+    pytest.importorskip("mpi4py")
+    script = """
+import os, time
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+def training_step():
+    time.sleep(0.1)
+    comm.allreduce(1)
+open(os.path.join(os.environ["SM_MODEL_DIR"], "ready-%d" % comm.Get_rank()), "w").close()
+for step in range(80):
+    training_step()
+"""
+    with ClusterJob(tmp_path, 2, {"train.py": script},
+                    hyperparameters={"sagemaker_mpi_enabled": True,
+                                     "sagemaker_mpi_num_of_processes_per_host": 1}) as job:
+        job.start(TRAINING_TOOLKIT_HANG_TIMEOUT_S=60)
+        job.wait_for_file("algo-2", "model", "ready-1", timeout=120)
+        job.wait_for_file("algo-1", "model", "ready-0", timeout=120)
+        job.signal("algo-1", signal.SIGQUIT)
+        job.wait(timeout=120)
+        assert job.codes() == {"algo-1": 0, "algo-2": 0}, explain(job)
+        for host, rank in (("algo-1", 0), ("algo-2", 1)):
+            hang_dir = os.path.join(job.roots[host], "output", "data", "hang", host)
+            dumps = [d for d in os.listdir(hang_dir) if d.startswith("sigquit-")]
+            assert len(dumps) == 1, (host, os.listdir(hang_dir))
+            with open(os.path.join(hang_dir, dumps[0], "rank-%d.txt" % rank)) as f:
+                assert "training_step" in f.read()

@@ -22,6 +22,7 @@ TOOLKIT = {
     "training_toolkit.context",            # the one job context
     "training_toolkit.job",                # the contract: config -> Environment
     "training_toolkit.job.environment",
+    "training_toolkit.job.fields",
     "training_toolkit.job.checks",
     "training_toolkit.job.paths",
     "training_toolkit.job.network",

@@ -471,7 +471,7 @@ def test_train_command_runs_in_the_submit_dir_on_both_nodes(slurm):
         == ["t.py ran in %s on %s" % (d, host) for host in HOSTS], proc.stdout
 
 
-def _srun_train(slurm, name, runner, script, timeout=120):
+def _srun_train(slurm, name, runner, script, timeout=120, **extra_env):
     """`srun -N2 --ntasks-per-node=1 train` on `script` (t.py, the entry point)
     with TRAINING_TOOLKIT_RUNNER=`runner` and 2 processes per node, each host
     with a job tree of its own (/opt/ml is per host), so that no other test's
@@ -482,7 +482,7 @@ def _srun_train(slurm, name, runner, script, timeout=120):
         f.write(script)
     env = dict(os.environ, SAGEMAKER_PROGRAM="t.py", SAGEMAKER_SUBMIT_DIRECTORY=d,
                SAGEMAKER_BASE_DIR="/opt/ml/jobs/" + name, TRAINING_TOOLKIT_RUNNER=runner,
-               TRAINING_TOOLKIT_PROCESSES_PER_HOST="2")
+               TRAINING_TOOLKIT_PROCESSES_PER_HOST="2", **extra_env)
     try:
         return slurm.srun(["-N2", "--ntasks-per-node=1", TRAIN], cwd=d, env=env,
                           timeout=timeout)
@@ -539,6 +539,29 @@ def test_train_runs_mpi_across_the_step_nodes(slurm):
     assert proc.returncode == 0, (proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:])
     assert len([line for line in proc.stdout.splitlines() if "sum 6" in line]) == 4, \
         proc.stdout[-3000:]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("runner", ["torchrun", "mpi"])
+def test_a_hung_rank_ends_both_nodes_with_200(slurm, runner):
+    """The hang watchdog under real Slurm: rank 3 (on the second node) goes
+    silent while the others keep printing; both tasks exit 200 (srun says
+    so for each), naming rank 3 on the second node."""
+    pytest.importorskip("torch" if runner == "torchrun" else "mpi4py")
+    rank = "int(os.environ['RANK'])" if runner == "torchrun" else \
+        "int(os.environ['OMPI_COMM_WORLD_RANK'])"
+    script = ("import os, time\nrank = %s\nprint('rank', rank, 'started', flush=True)\n"
+              "def stuck_in_the_data_loader():\n    time.sleep(600)\n"
+              "if rank == 3:\n    stuck_in_the_data_loader()\n"
+              "while True:\n    print('rank', rank, 'step', flush=True)\n    time.sleep(0.5)\n"
+              % rank)
+    name = "hang-" + runner
+    proc = _srun_train(slurm, name, runner, script, TRAINING_TOOLKIT_HANG_TIMEOUT_S="3",
+                       TRAINING_TOOLKIT_HANG_START_TIMEOUT_S="120")
+    assert proc.returncode == 200, (proc.returncode, proc.stderr[-3000:])
+    assert "task 0: Exited with exit code 200" in proc.stderr, proc.stderr[-3000:]
+    assert "task 1: Exited with exit code 200" in proc.stderr, proc.stderr[-3000:]
+    assert "HangError: rank 3 on algo-2 hung: no progress" in proc.stderr, proc.stderr[-3000:]
 
 
 @pytest.mark.timeout(240)

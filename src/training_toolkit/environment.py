@@ -10,8 +10,8 @@ import os
 
 from . import params
 from .job import resources
-from .job.environment import (EXPORTED, HOMOGENEOUS_GROUP, Environment, read_hyperparameters,
-                              read_json)
+from .job.environment import EXPORTED, Environment
+from .job.fields import HOMOGENEOUS_GROUP, read_hyperparameters, read_json
 from .job.paths import DEFAULT_BASE_DIR, JobPaths
 
 __all__ = ["Environment", "JobPaths", "EXPORTED", "HOMOGENEOUS_GROUP", "read_hyperparameters",

@@ -1,6 +1,11 @@
 """Process-tree helpers: start a command in its own session, find every
 descendant of a process and signal them as a unit, so that no process of a job
-outlives `train`."""
+outlives `train`.
+
+One concern in about 460 lines: starting a process so that it can be ended
+(its session, its parent-death signal) and ending its tree are the two halves
+of that one promise, and each trivial job imports this one module of the base
+layer on its path (test/test_import_budget.py), not two."""
 import errno
 import os
 import signal

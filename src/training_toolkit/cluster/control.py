@@ -289,6 +289,11 @@ class MasterControl(Ledger):
                     return missing
                 self._joined.wait(min(left, 0.5))
 
+    def linked_hosts(self):
+        """The workers whose `train` is connected now."""
+        with self._joined:
+            return sorted(self.links)
+
     def broadcast(self, message):
         with self._joined:
             links = list(self.links.values())

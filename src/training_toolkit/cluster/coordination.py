@@ -103,7 +103,8 @@ class JobMaster:
         verdict from them, then stops the job on every host as fail-fast
         does, with the hang's exit code. `dump_here(on_demand)` dumps this
         host's ranks and returns {rank: summary}."""
-        from ..resilience.hang import decide
+        from ..resilience.hang import decide, odd_rank
+        from ..resilience.settings import POLL_S
 
         stop_here = stop_here or self.stop_local
 
@@ -113,11 +114,15 @@ class JobMaster:
             deadline = settings.stack_deadline_s
             self.control.broadcast({"type": "dump", "on_demand": False})
             summaries = dump_here(False)
-            with self.control._joined:
-                hosts = sorted(self.control.links)
+            hosts = self.control.linked_hosts()
             # A host answers within its deadline; the margin is the network's.
             summaries.update(self.control.wait_for_stacks(hosts, started + deadline + 2.0))
-            self.hang = decide(hang, summaries, settings.exit_code, time.monotonic() - started)
+            odd = odd_rank(summaries)
+            if odd is not None:  # its wrapper's report may be a poll behind the first one
+                self.control.wait_for_hang(odd, time.monotonic() + 3 * POLL_S)
+            self.hang = decide(list(self.control.hangs), summaries, settings.exit_code,
+                               time.monotonic() - started)
+            hang = self.hang.hang
             self.control.broadcast({"type": "abort", "rank": hang.rank, "host": hang.host,
                                     "exit_code": settings.exit_code, "grace": ABORT_GRACE_S})
             stop_here(signal.SIGTERM, ABORT_GRACE_S)

@@ -60,8 +60,15 @@ class Ledger:
         with self._cond:
             self.hangs.append(hang)
             first = len(self.hangs) == 1 and not self.decided
+            self._cond.notify_all()
         if first and self.on_hang is not None:
             self.on_hang(hang)
+
+    def wait_for_hang(self, rank, deadline):
+        """Whether `rank`'s hang was reported by `deadline`."""
+        with self._cond:
+            return self._cond.wait_for(lambda: any(h.rank == rank for h in self.hangs),
+                                       max(deadline - time.monotonic(), 0))
 
     def stacks_of(self, host, ranks):
         with self._cond:

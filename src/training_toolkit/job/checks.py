@@ -1,7 +1,7 @@
 """The job contract's checks: each a function named for what it checks, raising
 ConfigError that names the file (or variable) and the field at fault.
 
-`job.environment` calls them while it reads the job, in order, so that a
+`job.fields` calls them while it reads the job, in order, so that a
 bad configuration is refused before anything is fetched or started; the
 pipeline calls `check_requirements_file` again once the code (and any link
 in it) is there. Nothing here reads a config file.

@@ -15,7 +15,7 @@ and its drivers as the `sm_drivers` channel, holding:
 `read()` turns those files into a `V3Job`: which runner runs the job and with
 what; `job_fields()` turns that into the Environment's fields, the same ones
 a job of the platform's own layout gets from its hyperparameters (see
-`environment.legacy_job`). The SDK's own drivers map to the toolkit's
+`fields.legacy_job`). The SDK's own drivers map to the toolkit's
 runners (with supervision, fail-fast and verdicts on top); any other driver
 script runs as it is.
 Nothing heavy is imported here: built-in configs are validated by
@@ -288,7 +288,7 @@ def read(paths, distributed_doc, source_code):
 
 def job_fields(job, paths, entry_point, entry_point_source):
     """The Environment's fields for the v3 job `job` (those
-    `environment.legacy_job` fills for any other job): the code is the code
+    `fields.legacy_job` fills for any other job): the code is the code
     channel, run as it is (never installed or run as a package); only the
     SourceCode's requirements file is installed; `entry_point` (what the
     environment overrides name) stands where the SourceCode names none."""

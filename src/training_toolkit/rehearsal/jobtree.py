@@ -4,7 +4,7 @@ import json
 import os
 import shutil
 
-from ..job.environment import HOMOGENEOUS_GROUP
+from ..job.fields import HOMOGENEOUS_GROUP
 from ..job.paths import JobPaths
 
 

@@ -31,25 +31,24 @@ gone).
 bridge namespace, reachable from every host) to a port in the caller's network
 namespace, e.g. an S3 stand-in listening on 127.0.0.1 (relay.py).
 
-This module holds the cluster's lifecycle (about 500 lines: start, the
-per-host commands and close undo one another, so they stay in one room);
-namespaces.py the plumbing under it. Standard library only; psutil is not
-needed. Imports nothing heavy at import time.
+This module holds the cluster's lifecycle (start, the per-host commands and
+close undo one another, so they stay in one room); simchecks.py checks what
+it is asked for, namespaces.py is the plumbing under it. Standard library
+only; psutil is not needed. Imports nothing heavy at import time.
 """
 import logging
 import os
-import re
-import secrets
 import shutil
 import subprocess
-import sys
 import time
 
-from .. import backoff, params
+from .. import backoff
 from . import holder, stale
 from .namespaces import NETNS_ETC_DIR, NETNS_RUN_DIR, SimClusterError, SimClusterUnavailable
 from .namespaces import check_supported, ip, pick_subnet, rmtree, teardown_names
 from .relay import Relay
+from .simchecks import GATEWAY_OCTET, check_names, check_prefix, check_roots, check_subnet
+from .simchecks import shared_below_tmp
 from .stale import DEFAULT_PREFIX_PATTERN, cleanup_stale
 
 # What tests check after close(), by the names they had here.
@@ -62,71 +61,7 @@ __all__ = ["SimCluster", "SimClusterError", "SimClusterUnavailable", "cleanup_st
            "check_supported", "DEFAULT_PREFIX_PATTERN"]
 
 MAX_HOSTS = 253
-GATEWAY_OCTET = 254
 SSHD = "/usr/sbin/sshd"
-
-_PREFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
-_LABEL_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
-
-
-def _dns_name(name, what, labels=1):
-    """``name`` if it is a DNS name of at most ``labels`` labels (1: a host
-    name, None: any number), else ValueError naming ``what``."""
-    if not isinstance(name, str):
-        raise ValueError("%s must be a string, not %r" % (what, name))
-    parts = name.split(".")
-    if (len(name) > 253
-            or (labels is not None and len(parts) > labels)
-            or not all(_LABEL_RE.fullmatch(p) for p in parts)):
-        raise ValueError("%s %r is not a DNS %s (letters, digits and '-', at most 63 each, "
-                         "no '-' at either end)" % (what, name,
-                                                   "label" if labels == 1 else "name"))
-    return name
-
-
-def _check_names(n, names, aliases):
-    """The host names (default algo-1..algo-N) and each host's aliases, checked."""
-    if names is None:
-        hosts = ["algo-%d" % k for k in range(1, n + 1)]
-    else:
-        hosts = [_dns_name(h, "host name") for h in names]
-        if len(hosts) != n:
-            raise ValueError("need %d host names, got %d" % (n, len(hosts)))
-    seen = {}
-    for h in hosts:
-        if h.lower() in seen:
-            raise ValueError("host name %r given twice" % h)
-        seen[h.lower()] = h
-    extra = {h: [] for h in hosts}
-    for host, names_of in dict(aliases or {}).items():
-        if host not in extra:
-            raise ValueError("aliases for %r, which is not a host (hosts: %s)"
-                             % (host, ", ".join(hosts)))
-        if isinstance(names_of, str):
-            names_of = [names_of]
-        for alias in names_of:
-            _dns_name(alias, "alias of %s" % host, labels=None)
-            if alias.lower() in seen:
-                raise ValueError("alias %r of %s is already the name of %s"
-                                 % (alias, host, seen[alias.lower()]))
-            seen[alias.lower()] = host
-            extra[host].append(alias)
-    return hosts, extra
-
-
-
-
-
-def _own_install():
-    """Where this package, the interpreter running it and the user's
-    (TRAINING_TOOLKIT_PYTHON, `local`'s job venv) live, when that is under
-    /tmp (a checkout or venv there): the hosts run `train` and the job from them."""
-    # the sys.path entry: this file is training_toolkit/rehearsal/simcluster.py
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    job_python = os.environ.get(params.JOB_PYTHON_ENV)
-    job_prefix = os.path.dirname(os.path.dirname(job_python)) if job_python else "/"
-    return [p for p in (here, sys.prefix, job_prefix)
-            if os.path.realpath(p).startswith("/tmp/") and os.path.isdir(p)]
 
 
 class SimCluster(stale.SingleUse):
@@ -166,63 +101,19 @@ class SimCluster(stale.SingleUse):
         n = int(n)
         if not 1 <= n <= MAX_HOSTS:
             raise ValueError("a simulated cluster has 1..%d hosts, not %d" % (MAX_HOSTS, n))
-        self.hosts, self._aliases = _check_names(n, names, aliases)
-        if job_roots is None:
-            roots = [None] * n
-        elif isinstance(job_roots, dict):
-            unknown = set(job_roots) - set(self.hosts)
-            missing = [h for h in self.hosts if h not in job_roots]
-            if unknown or missing:
-                raise ValueError("job_roots must name exactly %s (missing %s, unknown %s)"
-                                 % (self.hosts, missing, sorted(unknown)))
-            roots = [job_roots[h] for h in self.hosts]
-        else:
-            roots = list(job_roots)
-            if len(roots) != n:
-                raise ValueError("need %d job roots, got %d" % (n, len(roots)))
-        self._job_roots = {}
-        for host, root in zip(self.hosts, roots):
-            if job_roots is None:
-                self._job_roots[host] = None
-                continue
-            root = os.path.realpath(os.fspath(root))
-            if not os.path.isdir(root):
-                raise ValueError("job root of %s is not a directory: %s" % (host, root))
-            self._job_roots[host] = root
-        if name_prefix is None:
-            name_prefix = "ttsc-" + secrets.token_hex(4)
-        if not _PREFIX_RE.fullmatch(name_prefix):
-            raise ValueError("name_prefix must match %s: %r" % (_PREFIX_RE.pattern, name_prefix))
+        self.hosts, self._aliases = check_names(n, names, aliases)
+        self._job_roots = check_roots(self.hosts, job_roots)
+        name_prefix = check_prefix(name_prefix)
         self.prefix = name_prefix
         self.bridge_netns = "%s-br" % name_prefix
         self._netns = {h: "%s-algo-%d" % (name_prefix, k) for k, h in enumerate(self.hosts, 1)}
         if ssh not in (True, False, "empty"):
             raise ValueError("ssh must be True, False or 'empty', not %r" % (ssh,))
         self.ssh = ssh
-        self._shared_rel = []
-        for p in list(shared_paths) + _own_install():
-            p = os.path.realpath(os.fspath(p))
-            if p.startswith("/dev/shm/") or p == "/dev/shm":
-                raise ValueError("cannot share a path under /dev/shm: %s" % p)
-            if p.startswith("/tmp/"):
-                if not os.path.exists(p):
-                    raise ValueError("shared path does not exist: %s" % p)
-                self._shared_rel.append(os.path.relpath(p, "/tmp"))
-            elif p == "/tmp":
-                raise ValueError("/tmp is private in every host; share paths below it")
-            # other paths are visible anyway
+        self._shared_rel = shared_below_tmp(shared_paths)
         self.ready_timeout_s = ready_timeout_s
         self.subnet = None
-        if subnet is not None:
-            import ipaddress
-
-            subnet = ipaddress.ip_network(subnet)
-            if subnet.version != 4 or subnet.prefixlen != 24:
-                raise ValueError("subnet must be an IPv4 /24, not %s" % subnet)
-            if n >= GATEWAY_OCTET:
-                raise ValueError("a /24 holds %d hosts besides the gateway"
-                                 % (GATEWAY_OCTET - 1))
-        self._subnet = subnet
+        self._subnet = check_subnet(subnet, n)
         self._addresses = {}
         self._holders = {}      # host -> Popen of the `ip netns exec ... unshare` process
         self._holder_pids = {}  # host -> pid of the process owning uts/ipc/mnt

@@ -1,13 +1,9 @@
 """Real Slurm on the simulated hosts (root only): Debian's slurm-wlm 22.05
 daemons, one slurmd per SimCluster host.
 
-One concern in about 630 lines: the conf, the daemons' start order, their
-clients and the teardown that undoes each start step belong together (the
-lifecycle itself is stale.SingleUse, shared with SimCluster).
-
-``SlurmCluster(simcluster)`` (a context manager) writes a ``slurm.conf`` into
-a directory of its own under ``/run`` (a path every host sees: their ``/tmp``
-is private), then starts
+``SlurmCluster(simcluster)`` (a context manager) writes a ``slurm.conf``
+(slurm_conf.py) into a directory of its own under ``/run`` (a path every host
+sees: their ``/tmp`` is private), then starts
 
 * ``munged`` with a key of its own, on a socket of its own in that directory
   (``AuthInfo=socket=...``), so a system munged, if any, is not touched;
@@ -23,33 +19,36 @@ and waits until ``sinfo`` shows every node idle. munged and slurmctld run in
 the bridge namespace too, so what SimCluster.close() (or its stale cleanup)
 kills includes them, even after a crash of the process that started them.
 
-Clients run inside a host (the root namespace has no route to the cluster):
-``srun``, ``srun_popen``, ``sbatch``, ``scancel``, ``squeue``, ``scontrol``,
-``sinfo`` and ``run`` take the host (default ``algo-1``), and ``SLURM_CONF``
-is set for every command. ``close()`` cancels the jobs, stops the daemons,
-kills any step left behind, unmounts the cgroup trees and removes the
-directory; it is idempotent and also undoes a half-finished ``start()``.
-After a crash, SimCluster's cleanup_stale kills the daemons (they live in its
-namespaces) and this module's cleanup_stale (run by every start) removes the
-directory.
+This module holds the daemons' lifecycle: the start order and the teardown
+that undoes each start step. Its clients (``srun``, ``sbatch``, ``run`` ...
+in a host) are slurm_clients.py's, and slurm_steps.py finds what its jobs
+left running. ``close()`` cancels the jobs, stops the daemons, kills any
+step left behind, unmounts the cgroup trees and removes the directory; it is
+idempotent and also undoes a half-finished ``start()`` (the lifecycle itself
+is stale.SingleUse, shared with SimCluster). After a crash, SimCluster's
+cleanup_stale kills the daemons (they live in its namespaces) and this
+module's cleanup_stale (run by every start) removes the directory.
 
-``read_env_fixture``/``format_env_fixture`` read and write the recorded task
-environments (test/fixtures/slurm/*.env) that the adapters' unit tests use.
+``read_env_fixture``/``format_env_fixture`` (slurm_fixtures.py, reached here
+too) read and write the recorded task environments (test/fixtures/slurm/*.env).
 
 Standard library only.
 """
 import logging
 import os
 import secrets
-import shutil
-import signal
 import subprocess
 import time
 
 from .. import backoff
-from . import stale
-from .namespaces import NETNS_RUN_DIR, NS_KINDS, SimClusterError, SimClusterUnavailable
-from .namespaces import alive, check_supported as _check_namespaces, ns_id, rmtree
+from . import slurm_steps, stale
+from .namespaces import NETNS_RUN_DIR, SimClusterError, SimClusterUnavailable
+from .namespaces import check_supported as _check_namespaces, rmtree
+from .slurm_clients import SlurmClients
+from .slurm_conf import CONTROLLER_NAME, DIR_PREFIX, PROGRAMS, RUN_DIR, cluster_dir, conf_text
+from .slurm_conf import which as _which
+# What the tests read and write the recorded task environments with, by these names.
+from .slurm_fixtures import format_env_fixture, read_env_fixture
 
 log = logging.getLogger(__name__)
 
@@ -57,19 +56,8 @@ __all__ = ["SlurmCluster", "SlurmError", "SlurmUnavailable", "check_supported",
            "cleanup_stale", "read_env_fixture", "format_env_fixture"]
 
 REQUIRE_ENV = "TRAINING_TOOLKIT_REQUIRE_SLURM"
-RUN_DIR = "/run"
-DIR_PREFIX = "tt-slurm-"   # RUN_DIR/tt-slurm-<SimCluster prefix>-<cluster name>
-CONTROLLER_NAME = "slurmctl"
-# Where Debian puts the daemons; PATH may lack the sbin directories.
-_SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin",
-                                "/usr/local/sbin"])
-PROGRAMS = (("munged", "munge"), ("slurmctld", "slurmctld"), ("slurmd", "slurmd"),
-            ("srun", "slurm-client"), ("sbatch", "slurm-client"), ("scancel", "slurm-client"),
-            ("squeue", "slurm-client"), ("scontrol", "slurm-client"), ("sinfo", "slurm-client"))
 CGROUP_V1 = ("cpu", "cpuacct", "cpuset", "devices", "freezer", "memory", "blkio", "pids")
 CGROUP_ROOT = "/sys/fs/cgroup"
-# Variables of the caller that must not reach a client (an outer allocation).
-_CLIENT_PREFIXES = ("SLURM_", "SRUN_", "SBATCH_", "SALLOC_", "SQUEUE_", "SINFO_", "SCANCEL_")
 
 # Mount the cgroup v1 hierarchies unless something is mounted there already;
 # prints "mounted" when it did (close() then unmounts them).
@@ -97,10 +85,6 @@ class SlurmError(SimClusterError):
 class SlurmUnavailable(SimClusterUnavailable):
     """This machine cannot run Slurm on simulated hosts (not root, or the
     Debian packages are missing)."""
-
-
-def _which(prog):
-    return shutil.which(prog, path=_SEARCH_PATH)
 
 
 def check_supported():
@@ -135,8 +119,6 @@ def cleanup_stale():
     return removed
 
 
-
-
 def _tail(path, lines=20):
     try:
         with open(path, errors="replace") as f:
@@ -145,9 +127,9 @@ def _tail(path, lines=20):
         return "(no %s)" % path
 
 
-class SlurmCluster(stale.SingleUse):
+class SlurmCluster(SlurmClients, stale.SingleUse):
     """slurmctld, munged and one slurmd per host of ``simcluster`` (a started
-    SimCluster).
+    SimCluster); its clients are SlurmClients'.
 
     ``cpus``: CPUs= of every node (``SlurmdParameters=config_overrides``
     lets it differ from the machine). ``kill_wait_s``: ``KillWait``, the
@@ -216,57 +198,10 @@ class SlurmCluster(stale.SingleUse):
 
     def conf_text(self):
         """The slurm.conf this cluster runs with."""
-        d = self.dir
-        lines = [
-            "# written by training_toolkit.rehearsal.slurm for simulated hosts",
-            "ClusterName=%s" % self.cluster_name,
-            "SlurmctldHost=%s(%s)" % (self.controller_name, self.controller_address),
-            "SlurmUser=root",
-            "SlurmdUser=root",
-            "AuthType=auth/munge",
-            "CredType=cred/munge",
-            "AuthInfo=socket=%s%s" % (self.munge_socket, "" if self.cred_expire_s is None
-                                      else ",cred_expire=%d" % self.cred_expire_s),
-            "StateSaveLocation=%s" % os.path.join(d, "state"),
-            "SlurmctldPidFile=%s" % os.path.join(d, "slurmctld.pid"),
-            "SlurmctldLogFile=%s" % os.path.join(d, "log", "slurmctld.log"),
-            "SlurmdSpoolDir=%s" % os.path.join(d, "spool", "slurmd.%n"),
-            "SlurmdPidFile=%s" % os.path.join(d, "slurmd.%n.pid"),
-            "SlurmdLogFile=%s" % os.path.join(d, "log", "slurmd.%n.log"),
-            "SlurmctldDebug=%s" % self.debug,
-            "SlurmdDebug=%s" % self.debug,
-            "SlurmdParameters=config_overrides",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
-            "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
-            "JobCompType=jobcomp/none",
-            "MpiDefault=none",
-            "SwitchType=switch/none",
-            "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_CPU",
-            "ReturnToService=2",
-            "KillWait=%d" % self.kill_wait_s,
-            "InactiveLimit=0",
-            "MinJobAge=300",
-            "SlurmdTimeout=60",
-        ]
-        for host in self.hosts:
-            lines.append("NodeName=%s NodeAddr=%s CPUs=%d State=UNKNOWN"
-                         % (host, self.sim.address(host), self.cpus))
-        lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
-        lines += self.extra_conf
-        return "\n".join(lines) + "\n"
-
-    def env(self, extra=None):
-        """The environment of a Slurm command: the caller's, less any Slurm
-        variable of an outer job, with SLURM_CONF, then ``extra``."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith(_CLIENT_PREFIXES)}
-        env["PATH"] = _SEARCH_PATH
-        env["SLURM_CONF"] = self.conf_path
-        if extra:
-            env.update(extra)
-        return env
+        return conf_text(self.dir, self.cluster_name, self.controller_name,
+                         self.controller_address, self.munge_socket,
+                         [(host, self.sim.address(host)) for host in self.hosts], self.cpus,
+                         self.kill_wait_s, self.cred_expire_s, self.debug, self.extra_conf)
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -275,8 +210,7 @@ class SlurmCluster(stale.SingleUse):
 
     def _start(self):
         cleanup_stale()
-        self.dir = os.path.join(RUN_DIR, "%s%s-%s" % (DIR_PREFIX, self.sim.prefix,
-                                                      self.cluster_name))
+        self.dir = cluster_dir(self.sim.prefix, self.cluster_name)
         os.mkdir(self.dir, 0o755)
         os.chmod(self.dir, 0o755)
         for sub in ("state", "spool", "log", "munge"):
@@ -344,19 +278,6 @@ class SlurmCluster(stale.SingleUse):
         if proc.stdout.strip() == "mounted":
             self._mounted.append(host)
 
-    def node_states(self):
-        """{node: state} from sinfo (e.g. 'idle', 'down*'), {} if the
-        controller does not answer."""
-        proc = self.sinfo(["-h", "-N", "-o", "%N %T"], timeout=15)
-        if proc.returncode != 0:
-            return {}
-        states = {}
-        for line in proc.stdout.splitlines():
-            parts = line.split()
-            if len(parts) == 2:
-                states[parts[0]] = parts[1]
-        return states
-
     def _wait_idle(self):
         deadline = time.monotonic() + self.ready_timeout_s
         states = {}
@@ -398,7 +319,7 @@ class SlurmCluster(stale.SingleUse):
                 log.warning("slurm %s: cancelling the jobs failed: %s", self.cluster_name, exc)
         for proc in list(self._slurmd.values()) + [self._slurmctld, self._munged]:
             if proc is not None:
-                err = _stop(proc)
+                err = slurm_steps.stop(proc)
                 if err:
                     leftovers.append(err)
         left = self._kill_steps()
@@ -430,13 +351,6 @@ class SlurmCluster(stale.SingleUse):
             return False
         return True
 
-    def cancel_jobs(self):
-        """`scancel` every job: its tasks get SIGTERM, and SIGKILL after KillWait."""
-        proc = self.squeue(["-h", "-o", "%i"], timeout=15)
-        jobs = proc.stdout.split() if proc.returncode == 0 else []
-        if jobs:
-            self.scancel(jobs, timeout=15)
-
     def _cancel_all(self):
         self.cancel_jobs()
         deadline = time.monotonic() + self.kill_wait_s + 15
@@ -446,188 +360,18 @@ class SlurmCluster(stale.SingleUse):
 
     def host_ns_ids(self):
         """Namespace ids (net, uts, ipc, mnt) of the hosts' holders."""
-        ids = set()
-        for host in self.hosts:
-            try:
-                pid = self.sim.holder_pid(host)
-            except SimClusterError:
-                continue
-            for kind in NS_KINDS:
-                i = ns_id(kind, "/proc/%d/ns/%s" % (pid, kind))
-                if i:
-                    ids.add(i)
-        return ids
+        return slurm_steps.host_ns_ids(self.sim, self.hosts)
 
     def step_pids(self):
         """PIDs of this cluster's slurmstepd processes and of its tasks (any
         process whose environment names this cluster), in the hosts."""
-        ids = self.host_ns_ids()
-        if not ids:
-            return []
-        mark = ("SLURM_CLUSTER_NAME=%s" % self.cluster_name).encode()
-        me = os.getpid()
-        found = []
-        for name in os.listdir("/proc"):
-            if not name.isdigit() or int(name) == me:
-                continue
-            pid = int(name)
-            try:
-                if os.readlink("/proc/%d/ns/net" % pid) not in ids:
-                    continue
-                with open("/proc/%d/cmdline" % pid, "rb") as f:
-                    cmd = f.read()
-                if cmd.startswith(b"slurmstepd") or _environ_has(pid, mark):
-                    if alive(pid):
-                        found.append(pid)
-            except OSError:
-                continue
-        return found
+        return slurm_steps.step_pids(self.host_ns_ids(), self.cluster_name)
 
     def _kill_steps(self, timeout_s=10.0):
-        left = []
-        for _ in backoff.attempts(time.monotonic() + timeout_s):
-            left = self.step_pids()
-            if not left:
-                return []
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-        return left
-
-    # -- commands in a host -----------------------------------------------------
-
-    def command(self, host, argv, cwd=None):
-        """The argv that runs ``argv`` in ``host`` (see SimCluster.command)."""
-        return self.sim.command(host, argv, cwd=cwd)
-
-    def popen(self, host, argv, env=None, cwd=None, **popen_kwargs):
-        """Popen of ``argv`` in ``host`` with the Slurm environment plus
-        ``env``."""
-        return self.sim.popen(host, argv, env=self.env(env), cwd=cwd, **popen_kwargs)
-
-    def run(self, host, argv, env=None, cwd=None, timeout=60, input=None, check=False):
-        """Run ``argv`` in ``host`` with the Slurm environment plus ``env``;
-        returns a CompletedProcess (text, captured). At the timeout the
-        command gets SIGTERM (srun passes it to the tasks), then SIGKILL 5 s
-        later, and subprocess.TimeoutExpired is raised with what it wrote."""
-        proc = self.popen(host, argv, env=env, cwd=cwd, text=True,
-                          stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
-            out, err = proc.communicate(input=input, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.terminate()
-            try:
-                out, err = proc.communicate(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                out, err = proc.communicate()
-            raise subprocess.TimeoutExpired(argv, timeout, output=out, stderr=err) from None
-        result = subprocess.CompletedProcess(argv, proc.returncode, out, err)
-        if check:
-            result.check_returncode()
-        return result
-
-    def _client(self, prog, args, host, **kw):
-        if isinstance(args, (str, bytes)):
-            raise ValueError("args must be a list, not a shell line")
-        if prog != "sinfo":  # sinfo also serves the wait in start()
-            self._require_started()
-        return self.run(host, [_which(prog)] + [os.fspath(a) for a in args], **kw)
-
-    def srun(self, args, host="algo-1", env=None, cwd=None, timeout=60, **kw):
-        """``srun ARGS`` in ``host``; a CompletedProcess."""
-        return self._client("srun", args, host, env=env, cwd=cwd, timeout=timeout, **kw)
-
-    def srun_popen(self, args, host="algo-1", env=None, cwd=None, **popen_kwargs):
-        """``srun ARGS`` in ``host``, not waited for; a Popen (its pid is
-        srun's)."""
-        self._require_started()
-        return self.popen(host, [_which("srun")] + [os.fspath(a) for a in args], env=env,
-                          cwd=cwd, **popen_kwargs)
-
-    def sbatch(self, args, host="algo-1", env=None, cwd=None, timeout=60, **kw):
-        return self._client("sbatch", args, host, env=env, cwd=cwd, timeout=timeout, **kw)
-
-    def scancel(self, args, host="algo-1", env=None, cwd=None, timeout=60, **kw):
-        return self._client("scancel", args, host, env=env, cwd=cwd, timeout=timeout, **kw)
-
-    def squeue(self, args=(), host="algo-1", env=None, cwd=None, timeout=60, **kw):
-        return self._client("squeue", list(args), host, env=env, cwd=cwd, timeout=timeout, **kw)
-
-    def scontrol(self, args, host="algo-1", env=None, cwd=None, timeout=60, **kw):
-        return self._client("scontrol", args, host, env=env, cwd=cwd, timeout=timeout, **kw)
-
-    def sinfo(self, args=(), host="algo-1", env=None, cwd=None, timeout=60, **kw):
-        return self._client("sinfo", list(args), host, env=env, cwd=cwd, timeout=timeout, **kw)
+        return slurm_steps.kill_steps(self.step_pids, timeout_s)
 
     def log(self, name, lines=40):
         """The last ``lines`` of a daemon's log: 'slurmctld', 'slurmd.algo-1',
         'munged' ('.out' for what it wrote to stderr)."""
         name = name if name.endswith((".out", ".log")) else name + ".log"
         return _tail(self.path("log", name), lines)
-
-
-def _environ_has(pid, mark):
-    try:
-        with open("/proc/%d/environ" % pid, "rb") as f:
-            return mark in f.read().split(b"\0")
-    except OSError:
-        return False
-
-
-def _stop(proc, timeout_s=10.0):
-    """SIGTERM, then SIGKILL; None, or what is still running."""
-    if proc.poll() is None:
-        try:
-            proc.terminate()
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                return "process %d (%s)" % (proc.pid, " ".join(map(str, proc.args[:6])))
-    return None
-
-
-# -- recorded task environments -------------------------------------------------
-
-
-def format_env_fixture(tasks, header=()):
-    """Text of an env fixture: ``tasks`` maps (host, procid) -> {var: value};
-    ``header``: comment lines. One section per task, ``[host procid]``,
-    then ``VAR=value`` lines, sorted."""
-    out = ["# " + line if line else "#" for line in header]
-    for (host, procid) in sorted(tasks, key=lambda k: int(k[1])):
-        out.append("")
-        out.append("[%s %d]" % (host, int(procid)))
-        for var in sorted(tasks[(host, procid)]):
-            value = tasks[(host, procid)][var]
-            if "\n" in value:
-                raise ValueError("a value with a newline cannot be recorded: %s" % var)
-            out.append("%s=%s" % (var, value))
-    return "\n".join(out) + "\n"
-
-
-def read_env_fixture(path):
-    """{(host, procid): {var: value}} from a fixture format_env_fixture wrote."""
-    tasks, current = {}, None
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.rstrip("\n")
-            if not line or line.startswith("#"):
-                continue
-            if line.startswith("["):
-                host, procid = line.strip("[]").split()
-                current = tasks.setdefault((host, int(procid)), {})
-            elif current is None or "=" not in line:
-                raise ValueError("%s:%d: not a [host procid] section or VAR=value: %r"
-                                 % (path, n, line))
-            else:
-                var, value = line.split("=", 1)
-                current[var] = value
-    return tasks
-

@@ -152,12 +152,23 @@ class HangVerdict:
                    dump_s=float(message.get("dump_s") or 0.0))
 
 
-def decide(hang, summaries, exit_code, dump_s):
-    """The verdict from the first Hang and every host's {rank: summary}."""
+def odd_rank(summaries):
+    """The rank whose stack differs from every other rank's, or None."""
     from .stacks import odd_one_out
 
+    return odd_one_out({r: tuple(s.get("signature") or ()) for r, s in summaries.items()})
+
+
+def decide(hangs, summaries, exit_code, dump_s):
+    """The verdict from the Hangs reported so far (in a collective hang every
+    rank goes silent within a poll of the others) and every host's {rank:
+    summary}. The rank named is the odd one out when it is among them (the
+    one in a data loader while the rest wait in all_reduce is the cause),
+    else the one whose silence began first."""
+    odd = odd_rank(summaries)
+    hang = next((h for h in hangs if h.rank == odd), None) or min(
+        hangs, key=lambda h: h.detected_at - h.silent_s)
     top = summaries.get(hang.rank, {}).get("top") or ""
-    odd = odd_one_out({r: tuple(s.get("signature") or ()) for r, s in summaries.items()})
     return HangVerdict(hang=hang, exit_code=exit_code, top_frame=top, odd_one_out=odd,
                        odd_frame=(summaries.get(odd, {}).get("top") or "") if odd is not None
                        else "",

@@ -56,7 +56,7 @@ def run(launch_plan, supervisor, env, reporter):
     def on_hang(found):
         started = time.monotonic()
         summaries = dump_here(env, supervisor, False, settings.stack_deadline_s)
-        decided.append(hang.decide(found, summaries, settings.exit_code,
+        decided.append(hang.decide([found], summaries, settings.exit_code,
                                    time.monotonic() - started))
         supervisor.stop(signal.SIGTERM, ABORT_GRACE_S)
 
