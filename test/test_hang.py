@@ -501,6 +501,8 @@ def test_a_hyperpod_rule_ends_a_live_job_with_200(tmp_path, rule, reason):
     assert r.returncode == HANG, r.stderr.decode()[-3000:]
     assert job.status()["hang"]["reason"].startswith(reason), job.status()["hang"]
     assert reason in job.failure().splitlines()[0]
+    events = job.status()["log_rule_events"]
+    assert [(e["rule"], e["state"]) for e in events] == [(rule["name"], reason.split()[-1])]
 
 
 def test_nccl_flight_recorder_is_set(tmp_path):

@@ -276,6 +276,8 @@ class MasterControl(Ledger):
                 self.drops.note(message["host"][:80], "a hang report without its fields")
                 return
             self.rank_hung(hang)
+        elif kind == "rule_events":
+            self.rule_events.extend(e for e in message["events"][:100] if isinstance(e, dict))
         elif kind == "stacks":
             self.stacks_of(message["host"], message["ranks"])
 

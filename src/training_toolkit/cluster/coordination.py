@@ -211,6 +211,8 @@ class JobMaster:
         wall = time.time() - time.monotonic()
         self.reporter.set(rank_exits=[{"rank": e.rank, "host": e.host, "exit_code": e.exit_code,
                                        "at": wall + e.at} for e in self.control.exits])
+        if self.control.rule_events:  # HyperPod's log rules: SLOW, HANGING, FAULTED, recovered
+            self.reporter.set(log_rule_events=self.control.rule_events[-1000:])
         self.control.close()
 
 

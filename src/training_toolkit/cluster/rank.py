@@ -165,7 +165,9 @@ def main(argv=None):
     if watch is not None:  # the master's `train` decides, once it has every rank's stack
         from ..resilience.watchdog import Watchdog
 
-        Watchdog([watch], lambda found: report(found.to_message())).start()
+        Watchdog([watch], lambda found: report(found.to_message()),
+                 lambda events: report({"type": "rule_events", "host": host,
+                                        "events": events})).start()
     pid_file = None
     if env.get(RANKS_DIR_ENV):
         pid_file = os.path.join(env[RANKS_DIR_ENV], "%d.pid" % rank)

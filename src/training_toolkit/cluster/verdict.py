@@ -46,6 +46,7 @@ class Ledger:
         self.hangs = []          # watchdog.Hang, in the order the wrappers reported them
         self.on_hang = None      # called with the first Hang
         self.stacks = {}         # host -> {rank: stack summary}, as its `train` sent them
+        self.rule_events = []    # the log rules' transitions on every rank, as reported
         self.decided = False     # the verdict went out; later losses are goodbyes
         self._failed = False
         self._cond = threading.Condition()

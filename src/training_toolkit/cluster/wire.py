@@ -52,6 +52,7 @@ _FIELDS = {
     # The hang watchdog: a rank wrapper's verdict on its rank, a host's stacks.
     "hang": {"rank": int, "host": str, "silent_s": (int, float), "reason": str},
     "stacks": {"host": str, "ranks": dict},
+    "rule_events": {"host": str, "events": list},
 }
 
 

@@ -126,14 +126,13 @@ class HangVerdict:
             "no Python stack from rank(s) %s" % ", ".join(map(str, self.unanswered))))
         return lines
 
-    def status(self, latency_s=None):
+    def status(self):
         out = dict(dataclasses.asdict(self.hang), exit_code=self.exit_code,
                    top_frame=self.top_frame, odd_one_out=self.odd_one_out,
                    odd_frame=self.odd_frame,
                    ranks_dumped=self.ranks_dumped, unanswered=list(self.unanswered),
                    dump_s=self.dump_s)
-        if latency_s is not None:
-            out["detection_latency_s"] = latency_s
+        out["detection_latency_s"] = round(max(self.hang.silent_s - self.hang.timeout_s, 0), 2)
         return out
 
     def to_message(self):

@@ -32,6 +32,7 @@ class Hang:
     last_line: str = ""
     step: str = ""
     detected_at: float = 0.0  # wall clock
+    timeout_s: float = 0.0    # the silence allowed then: silent_s beyond it is the latency
 
     def to_message(self):
         return dict(dataclasses.asdict(self), type="hang")
@@ -60,6 +61,7 @@ class RankWatch:
 
             self.rule_watch = RuleWatch(settings.rules, self.started)
         self.rule_hang = None
+        self.rule_events = []  # every rule's transitions, for status.json
         self._lock = threading.Lock()
 
     def saw_output(self):
@@ -88,6 +90,9 @@ class RankWatch:
 
     def _rule_events(self, events, now):
         for event in events:
+            self.rule_events.append({"rank": self.rank, "host": self.host, "rule": event.rule,
+                                     "state": event.state, "detail": event.detail,
+                                     "at": time.time()})
             log.warning("rank %d on %s: log rule %s: %s: %s" % (
                 self.rank, self.host, event.rule, event.state, event.detail))
             if event.state in ("HANGING", "FAULTED") and self.rule_hang is None:
@@ -118,7 +123,7 @@ class RankWatch:
         now = time.monotonic() if now is None else now
         self._read_heartbeat(now)
         settings = self.settings
-        reason = None
+        reason, limit = None, 0.0
         if self.rule_watch is not None:
             with self._lock:
                 self._rule_events(self.rule_watch.check(now), now)
@@ -126,38 +131,47 @@ class RankWatch:
         since = self.last_progress if self.last_progress is not None else self.started
         silent = now - since
         if reason is None and settings.timeout_s:
-            if self.last_progress is None:
-                if silent > settings.start_timeout_s:
-                    reason = "no first progress"
-            elif silent > settings.timeout_in(self.phase):
-                reason = "no progress"
+            limit = (settings.start_timeout_s if self.last_progress is None
+                     else settings.timeout_in(self.phase))
+            if silent > limit:
+                reason = "no first progress" if self.last_progress is None else "no progress"
         if reason is None:
             return None
         return Hang(rank=self.rank, host=self.host, phase=self.phase or "train",
                     silent_s=round(silent, 2), reason=reason,
                     last_line=self.last_line.decode("utf-8", "replace").strip(),
-                    step=self.step, detected_at=time.time())
+                    step=self.step, detected_at=time.time(), timeout_s=limit)
 
 
 class Watchdog(threading.Thread):
     """Checks its watches every POLL_S; calls `on_hang(Hang)` once, for the
-    first rank found hung, and stops."""
+    first rank found hung, and stops. `on_rule_events(events)`, if given,
+    gets the log rules' transitions as they come."""
 
-    def __init__(self, watches, on_hang):
+    def __init__(self, watches, on_hang, on_rule_events=None):
         super().__init__(name="hang-watchdog", daemon=True)
         self.watches = list(watches)
         self.on_hang = on_hang
+        self.on_rule_events = on_rule_events
+        self._told = {id(w): 0 for w in self.watches}
         self._stop = threading.Event()
 
     def run(self):
         while not self._stop.wait(POLL_S):
             for watch in self.watches:
                 hang = watch.check()
+                self._tell_rule_events(watch)
                 if hang is not None:
                     log.error("rank %d on %s is hung: %s for %.1f s (phase %s)" % (
                         hang.rank, hang.host, hang.reason, hang.silent_s, hang.phase))
                     self.on_hang(hang)
                     return
+
+    def _tell_rule_events(self, watch):
+        told = self._told[id(watch)]
+        if self.on_rule_events is not None and len(watch.rule_events) > told:
+            self._told[id(watch)] = len(watch.rule_events)
+            self.on_rule_events(watch.rule_events[told:])
 
     def stop(self):
         self._stop.set()

@@ -61,7 +61,8 @@ def run(launch_plan, supervisor, env, reporter):
         supervisor.stop(signal.SIGTERM, ABORT_GRACE_S)
 
     supervisor.on_dump = lambda: dump_here(env, supervisor, True, settings.stack_deadline_s)
-    watchdog = Watchdog([watch], on_hang)
+    watchdog = Watchdog([watch], on_hang, lambda events: reporter.set(
+        log_rule_events=watch.rule_events[-1000:]))
     watchdog.start()
     try:
         outcome = supervisor.wait()

@@ -33,7 +33,7 @@ class Outcome:
         self.stderr_tail = stderr_tail
         self.terminated_by_us = terminated_by_us
         self.where = where  # which rank on which host failed, for multi-host jobs
-        self.hang = hang    # the watchdog's verdict (resilience.HangVerdict), if it ended the job
+        self.hang = hang    # resilience.hang.HangVerdict, if the watchdog ended the job
 
     def __repr__(self):
         return "Outcome(exit_code=%r, terminated_by_us=%r)" % (
