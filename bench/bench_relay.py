@@ -9,6 +9,10 @@ each stream S of --streams:
                          stderr, `python3 flood.py 2>/dev/null | cat >/dev/null` for stdout)
   train S                `train`: stdout is inherited, stderr goes through the relay thread
   train LABEL S          --also LABEL=VENV: VENV's `train` (another build) in the same runs
+  train watchdog S       --watchdog: `train` with the hang watchdog on
+                         (TRAINING_TOOLKIT_HANG_TIMEOUT_S=600), which reads every block of
+                         both streams; its cost is then reported against `train S` (watchdog
+                         off) in the same paired runs, as a ratio (target within 5 %)
   train (hook) S         SAGEMAKER_TRAINING_MODULE hook calling entry_point.run(capture_error=True)
   reference train S      <--ref-venv>/bin/train: its default flow (capture_error=False)
   reference (capturing) S  a hook calling its entry_point.run(capture_error=True), as framework
@@ -48,6 +52,8 @@ import common
 from training_toolkit.rehearsal.jobtree import write_job_tree
 
 TARGET_RATIO = 1.5
+WATCHDOG_ENV = {"TRAINING_TOOLKIT_HANG_TIMEOUT_S": "600"}  # --watchdog: on, never firing
+WATCHDOG_TARGET = 1.05  # the watchdog's cost: within 5 % of `train` without it
 DEFAULT_MB = 2000
 QUICK_MB, QUICK_RUNS = 200, 3
 CAPTURING_MAX_MB = 200  # the reference's capturing path moves ~13 MB/s
@@ -205,6 +211,10 @@ def main():
                    help="also time VENV's `train` as `train LABEL` in the same paired runs "
                         "(another build, e.g. before a change); repeatable")
     p.add_argument("--cpus", help="run every contender and its cat under `taskset -c CPUS`")
+    p.add_argument("--watchdog", action="store_true",
+                   help="also time `train` with the hang watchdog on (%s) and report its cost "
+                        "against `train` without it" % " ".join("%s=%s" % i for i in
+                                                                 WATCHDOG_ENV.items()))
     p.add_argument("--no-ref-capturing", action="store_true",
                    help="skip the reference's capturing path (the slow one)")
     p.add_argument("--ref-capturing", action="store_true",
@@ -244,6 +254,9 @@ def main():
                    args.ours_venv, {}, src),
         "train": (ours_train, args.ours_venv, {"SAGEMAKER_BASE_DIR": ours_base}, None),
     }
+    if args.watchdog:
+        candidates["train watchdog"] = (ours_train, args.ours_venv, dict(
+            WATCHDOG_ENV, SAGEMAKER_BASE_DIR=ours_base), None)
     for also in args.also:
         label, _, venv = also.partition("=")
         candidates["train %s" % label] = (pin + [os.path.join(venv, "bin", "train")], venv,
@@ -305,7 +318,28 @@ def main():
                   "paired ratio", "CPU (all processes)", "target", "verdict"], rows)
     print("min/max: " + ", ".join("%s %.3f-%.3f s" % (n, min(t), max(t))
                                   for n, t in times.items()))
+    if args.watchdog:
+        watchdog_cost(times, cpu, streams, args.runs)
     print("load average at end: %.2f %.2f %.2f" % os.getloadavg(), flush=True)
+
+
+def watchdog_cost(times, cpu, streams, runs):
+    """`train watchdog S` against `train S`, per stream: the ratio of the
+    medians, the median of the per-round ratios and the CPU ratio."""
+    rows = []
+    for stream in streams:
+        off, on = times["train %s" % stream], times["train watchdog %s" % stream]
+        ratio = common.median(on) / common.median(off)
+        paired = common.median([a / b for a, b in zip(on, off)])
+        cpu_ratio = (common.median(cpu["train watchdog %s" % stream])
+                     / common.median(cpu["train %s" % stream]))
+        rows.append([stream, "%.3f s" % common.median(off), "%.3f s" % common.median(on),
+                     "%.3fx" % ratio, "%.3fx" % paired, "%.3fx" % cpu_ratio,
+                     "<= %.2fx" % WATCHDOG_TARGET, common.verdict(ratio <= WATCHDOG_TARGET)])
+    print("the watchdog's cost, median of %d paired runs (train with it on / train without it):"
+          % runs)
+    common.table(["stream", "watchdog off", "watchdog on", "ratio", "paired ratio",
+                  "CPU ratio", "target", "verdict"], rows)
 
 
 def time_choices(args, src, pin):

@@ -556,3 +556,25 @@ for step in range(80):
             assert len(dumps) == 1, (host, os.listdir(hang_dir))
             with open(os.path.join(hang_dir, dumps[0], "rank-%d.txt" % rank)) as f:
                 assert "training_step" in f.read()
+
+
+def test_the_verdict_names_the_rank_outside_the_collective():
+    """Two ranks silent at once, no odd one out among two: the one not
+    waiting in a collective is named; among more ranks, the odd one out."""
+    from training_toolkit.resilience.hang import decide
+    from training_toolkit.resilience.watchdog import Hang
+
+    def hang(rank):
+        return Hang(rank=rank, host="algo-%d" % (rank + 1), phase="train", silent_s=5.0,
+                    reason="no progress", detected_at=100.0, timeout_s=5.0)
+
+    waiting = {"signature": ["all_reduce", "wrapper", "<module>"], "top": "c10d:1 in all_reduce",
+               "answered": True}
+    stuck = {"signature": ["stuck_in_the_data_loader", "<module>"], "answered": True,
+             "top": "train.py:5 in stuck_in_the_data_loader"}
+    verdict = decide([hang(0), hang(1)], {0: waiting, 1: stuck}, 200, 0.1)
+    assert (verdict.hang.rank, verdict.odd_one_out) == (1, None)
+    assert verdict.top_frame == "train.py:5 in stuck_in_the_data_loader"
+    verdict = decide([hang(0), hang(1), hang(2)], {0: waiting, 1: waiting, 2: stuck}, 200, 0.1)
+    assert (verdict.hang.rank, verdict.odd_one_out) == (2, 2)
+    assert verdict.status()["detection_latency_s"] == 0

@@ -333,7 +333,11 @@ class HangError(ClientError):
     exit_code = 200
 
     def __init__(self, hang, stderr_tail=b""):
-        super().__init__("\n".join([hang.headline()] + hang.details()), exit_code=hang.exit_code)
+        if callable(getattr(hang, "headline", None)):
+            super().__init__("\n".join([hang.headline()] + hang.details()),
+                             exit_code=hang.exit_code)
+        else:  # a message, as any error class takes one
+            super().__init__(hang)
         self.hang = hang
         self.stderr_tail = stderr_tail
 

@@ -158,6 +158,16 @@ def odd_rank(summaries):
     return odd_one_out({r: tuple(s.get("signature") or ()) for r, s in summaries.items()})
 
 
+# Functions a rank waits in when it waits for its peers (torch.distributed's
+# Python frames; mpi4py's calls are C, seen as their caller's frame only).
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier",
+               "all_to_all", "monitored_barrier", "gather", "scatter")
+
+
+def in_collective(summary):
+    return any(name in COLLECTIVES for name in summary.get("signature") or ())
+
+
 def decide(hangs, summaries, exit_code, dump_s):
     """The verdict from the Hangs reported so far (in a collective hang every
     rank goes silent within a poll of the others) and every host's {rank:
@@ -165,8 +175,11 @@ def decide(hangs, summaries, exit_code, dump_s):
     one in a data loader while the rest wait in all_reduce is the cause),
     else the one whose silence began first."""
     odd = odd_rank(summaries)
+    # With no odd one out (two ranks), a silent rank outside a collective
+    # is the likelier cause than one waiting in it.
+    outside = [h for h in hangs if not in_collective(summaries.get(h.rank, {}))]
     hang = next((h for h in hangs if h.rank == odd), None) or min(
-        hangs, key=lambda h: h.detected_at - h.silent_s)
+        outside or hangs, key=lambda h: h.detected_at - h.silent_s)
     top = summaries.get(hang.rank, {}).get("top") or ""
     return HangVerdict(hang=hang, exit_code=exit_code, top_frame=top, odd_one_out=odd,
                        odd_frame=(summaries.get(odd, {}).get("top") or "") if odd is not None

@@ -71,13 +71,18 @@ class RankWatch:
             self.last_progress = time.monotonic()
 
     def output(self, block):
-        """Whole lines the rank wrote (bytes), as the relay passes them on."""
-        lines = block.splitlines()
-        if lines:
-            self.last_line = lines[-1][-LAST_LINE_CHARS:]
+        """Whole lines the rank wrote (bytes-like, a view into the relay's
+        buffer), as the relay passes them on. Unless the lines are read (a
+        regex, log rules), only the block's end is kept, for the last line:
+        this runs once per block on the relay's hot path."""
         settings = self.settings
         if not settings.needs_every_line:
+            if len(block):
+                self.last_line = bytes(block[-LAST_LINE_CHARS - 1:])
             return
+        lines = bytes(block).splitlines()
+        if lines:
+            self.last_line = lines[-1][-LAST_LINE_CHARS:]
         now = time.monotonic()
         with self._lock:
             for line in lines:
@@ -139,7 +144,8 @@ class RankWatch:
             return None
         return Hang(rank=self.rank, host=self.host, phase=self.phase or "train",
                     silent_s=round(silent, 2), reason=reason,
-                    last_line=self.last_line.decode("utf-8", "replace").strip(),
+                    last_line=self.last_line.rstrip(b"\n").rpartition(b"\n")[2].decode(
+                        "utf-8", "replace").strip(),
                     step=self.step, detected_at=time.time(), timeout_s=limit)
 
 

@@ -189,7 +189,7 @@ class LineRelay(threading.Thread):
                 gone = self._pass(splice, n - size + cut, null, look_view)
                 self._keep(look_view[:cut])
                 if self.watch is not None:
-                    self.watch.output(bytes(look_view[:cut]))
+                    self.watch.output(look_view[:cut])
                 if gone:
                     raise _CopyInstead()
                 seen = size - cut
@@ -237,7 +237,7 @@ class LineRelay(threading.Thread):
     def _emit(self, block):
         """Write `block` (whole lines; a bytes-like view into the read buffer)."""
         if self.watch is not None:
-            self.watch.output(bytes(block))
+            self.watch.output(block)
         if self.transform is not None:
             block = self.transform(bytes(block))
         self._keep(block)
