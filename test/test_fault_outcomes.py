@@ -282,6 +282,8 @@ def test_mpirun_naming_the_failed_rank_decides_when_its_report_was_lost(monkeypa
         master.close()
     assert (outcome.exit_code, outcome.where) == (3, "rank 3 on algo-2")
     assert b"rank 3 failing on purpose" in outcome.stderr_tail
+    # mpirun's notice, tagged as rank 3's, is not the rank's own stderr.
+    assert b"mpirun detected" not in outcome.stderr_tail, outcome.stderr_tail
     assert "rank 3 on algo-2 never reported its exit" in capfd.readouterr().err
 
 

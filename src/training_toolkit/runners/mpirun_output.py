@@ -68,10 +68,23 @@ def first_failed(tail, rank_host):
     return None
 
 
+# mpirun frames its notices with lines of dashes; one that follows a rank's
+# output in the same read carries that rank's tag on every line.
+_FRAME = re.compile(rb"^-{20,}\s*$")
+
+
 def rank_lines(tail, rank):
-    """The lines of `rank` in a tagged tail (when its own report is missing)."""
+    """The lines of `rank` in a tagged tail (when its own report is missing),
+    without mpirun's notices that came tagged as the rank's (they would push
+    the rank's own last words out of the failure's first lines)."""
     if rank is None:
         return None
-    pattern = re.compile(rb"^\[[^,\]]+,%d\]<std(?:out|err)>:.*$" % rank, re.M)
-    return b"\n".join(m.group(0) for m in pattern.finditer(tail)).decode("utf-8", "replace")
+    pattern = re.compile(rb"^(\[[^,\]]+,%d\]<std(?:out|err)>:)(.*)$" % rank, re.M)
+    kept, in_notice = [], False
+    for m in pattern.finditer(tail):
+        if _FRAME.match(m.group(2)):
+            in_notice = not in_notice
+        elif not in_notice:
+            kept.append(m.group(0))
+    return b"\n".join(kept).decode("utf-8", "replace")
 
