@@ -61,6 +61,18 @@ def stack_files(base, host):
     return sorted(n for n in os.listdir(d) if n.startswith("rank-")) if os.path.isdir(d) else []
 
 
+def assert_rank_3_on_algo_2_hung(job):
+    """2 hosts x 2 ranks: every host's failure names rank 3, its function and
+    the odd one out, and each host wrote its two ranks' stacks."""
+    for host in job.hosts:
+        failure = job.read(host, "output", "failure")
+        assert "rank 3 on algo-2 hung" in failure.splitlines()[0], failure
+        assert "stuck_in_the_data_loader" in failure, failure
+        assert "the odd one out: rank 3" in failure, failure
+    assert stack_files(job.roots["algo-1"], "algo-1") == ["rank-0.txt", "rank-1.txt"]
+    assert stack_files(job.roots["algo-2"], "algo-2") == ["rank-2.txt", "rank-3.txt"]
+
+
 def test_a_silent_process_ends_200_with_its_stack(tmp_path):
     job = Job(tmp_path, {"train.py": SILENT})
     r = job.run(timeout=90, env=job.env(**hang_env()))
@@ -87,13 +99,7 @@ def test_torchrun_hung_rank_ends_every_host_with_200_and_four_stacks(tmp_path):
         job.start(HANG_RANK=3, **hang_env()).wait(timeout=180)
         assert job.codes() == {"algo-1": HANG, "algo-2": HANG}, {
             h: r.err.decode()[-3000:] for h, r in job.runs.items()}
-        for host in job.hosts:
-            failure = job.read(host, "output", "failure")
-            assert "rank 3 on algo-2 hung" in failure.splitlines()[0], failure
-            assert "stuck_in_the_data_loader" in failure, failure
-            assert "the odd one out: rank 3" in failure, failure
-        assert stack_files(job.roots["algo-1"], "algo-1") == ["rank-0.txt", "rank-1.txt"]
-        assert stack_files(job.roots["algo-2"], "algo-2") == ["rank-2.txt", "rank-3.txt"]
+        assert_rank_3_on_algo_2_hung(job)
         assert "stuck_in_the_data_loader" in job.read(
             "algo-2", "output", "data", "hang", "algo-2", "rank-3.txt")
         assert job.job_processes() == []
@@ -447,13 +453,7 @@ def test_mpi_hung_rank_ends_every_host_with_200_and_four_stacks(tmp_path):
                                      "sagemaker_mpi_num_of_processes_per_host": 2}) as job:
         job.start(HANG_RANK=3, **hang_env()).wait(timeout=180)
         assert job.codes() == {"algo-1": HANG, "algo-2": HANG}, explain(job)
-        for host in job.hosts:
-            failure = job.read(host, "output", "failure")
-            assert "rank 3 on algo-2 hung" in failure.splitlines()[0], failure
-            assert "stuck_in_the_data_loader" in failure, failure
-            assert "the odd one out: rank 3" in failure, failure
-        assert stack_files(job.roots["algo-1"], "algo-1") == ["rank-0.txt", "rank-1.txt"]
-        assert stack_files(job.roots["algo-2"], "algo-2") == ["rank-2.txt", "rank-3.txt"]
+        assert_rank_3_on_algo_2_hung(job)
         assert job.job_processes() == []
 
 

@@ -44,7 +44,8 @@ def watch_rank(settings, paths, rank, host, env):
 
 
 def rank_pids(ranks_dir):
-    """{rank: program pid} of this host's ranks, from their wrappers' pid files."""
+    """{rank: (wrapper pid, program pid)} of this host's ranks, from the pid
+    files their wrappers write (cluster/rank.py)."""
     found = {}
     try:
         names = os.listdir(ranks_dir)
@@ -55,8 +56,9 @@ def rank_pids(ranks_dir):
             continue
         try:
             with open(os.path.join(ranks_dir, name)) as f:
-                found[int(name[:-4])] = int(f.read().split()[1])
-        except (OSError, ValueError, IndexError):
+                wrapper, program = (int(p) for p in f.read().split())
+            found[int(name[:-4])] = (wrapper, program)
+        except (OSError, ValueError):
             continue
     return found
 
@@ -87,8 +89,9 @@ def host_dumper(paths, host, settings=None):
     wrappers' pid files name them; {rank: summary}."""
     deadline_s = (settings.stack_deadline_s if settings is not None
                   else params.setting(os.environ, params.STACK_DEADLINE_ENV))
-    return lambda on_demand: dump(paths, host, rank_pids(paths.ranks_dir), deadline_s,
-                                  on_demand)
+    return lambda on_demand: dump(
+        paths, host, {rank: pids[1] for rank, pids in rank_pids(paths.ranks_dir).items()},
+        deadline_s, on_demand)
 
 
 @dataclasses.dataclass(frozen=True)

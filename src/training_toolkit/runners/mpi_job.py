@@ -219,18 +219,8 @@ class MpiJob:
 
     # -- local ranks (any host) ------------------------------------------------
     def _local_rank_pids(self):
-        pids = []
-        try:
-            names = os.listdir(ranks_dir(self.env))
-        except OSError:
-            return pids
-        for name in names:
-            try:
-                with open(os.path.join(ranks_dir(self.env), name)) as f:
-                    pids.extend(int(p) for p in f.read().split())
-            except (OSError, ValueError):
-                continue
-        return pids
+        """Every wrapper's pid and its program's, on this host."""
+        return [pid for pids in hang.rank_pids(ranks_dir(self.env)).values() for pid in pids]
 
     def _signal_local_ranks(self, sig):
         for pid in self._local_rank_pids():
