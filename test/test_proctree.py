@@ -310,3 +310,84 @@ def test_communicate_and_context_manager_like_popen():
     assert proc.returncode == 4
     with pytest.raises(ValueError):
         proc.communicate(input=b"x")
+
+
+# A process of a tree: it takes SIGTERM as `how` says, starts its children,
+# writes its pid to READY/<name> and sleeps (ended by the test's kill_tree).
+TREE_NODE = """\
+import json, os, signal, subprocess, sys, time
+spec, ready = json.loads(sys.argv[1]), sys.argv[2]
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])  # a blocking parent's, inherited
+if spec["how"] == "handle":
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+elif spec["how"] == "ignore":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+elif spec["how"] == "block":
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+for child in spec.get("children", []):
+    subprocess.Popen([sys.executable, "-c", sys.argv[3], json.dumps(child), ready, sys.argv[3]])
+with open(os.path.join(ready, "." + spec["name"]), "w") as f:
+    f.write(str(os.getpid()))
+os.rename(os.path.join(ready, "." + spec["name"]), os.path.join(ready, spec["name"]))
+time.sleep(300)
+"""
+
+
+def _node(name, how, *children):
+    return {"name": name, "how": how, "children": list(children)}
+
+
+@pytest.fixture
+def signal_tree_of_a_job(tmp_path):
+    """{name: pid} of a running tree: a main process that would die of
+    SIGTERM, a launcher under it that ignores it, a rank under that which
+    handles it, the rank's DataLoader-like worker; a helper beside the
+    launcher, and under the helper a process that blocks SIGTERM (it waits
+    for it) with a child of its own."""
+    spec = _node("main", "default",
+                 _node("launcher", "ignore", _node("rank", "handle", _node("worker", "default"))),
+                 _node("helper", "default", _node("waiter", "block", _node("leaf", "default"))))
+    ready = str(tmp_path)
+    main = subprocess.Popen([sys.executable, "-c", TREE_NODE, json.dumps(spec), ready, TREE_NODE],
+                            start_new_session=True)
+    names = ("main", "launcher", "rank", "worker", "helper", "waiter", "leaf")
+    try:
+        assert backoff.wait_until(
+            lambda: all(os.path.exists(os.path.join(ready, n)) for n in names), 60), (
+            "the tree did not start: %s" % sorted(os.listdir(ready)))
+        pids = {}
+        for name in names:
+            with open(os.path.join(ready, name)) as f:
+                pids[name] = int(f.read())
+        yield pids
+    finally:
+        proctree.kill_tree(main.pid, signal.SIGKILL)
+        main.wait()
+
+
+def test_handles_signal_reads_each_processs_disposition(signal_tree_of_a_job):
+    pids = signal_tree_of_a_job
+    handling = {name for name, pid in pids.items()
+                if proctree.handles_signal(pid, signal.SIGTERM)}
+    assert handling == {"rank", "waiter"}  # a handler; blocked, not ignored
+    # Python handles SIGINT itself (KeyboardInterrupt) unless told otherwise.
+    assert proctree.handles_signal(pids["main"], signal.SIGINT)
+    assert not proctree.handles_signal(4194304, signal.SIGTERM)  # past any pid_max: gone
+
+
+def test_a_notice_passes_through_processes_that_do_not_handle_it(signal_tree_of_a_job):
+    pids = signal_tree_of_a_job
+    names = {pid: name for name, pid in pids.items()}
+    targets = proctree.notice_targets(pids["main"], signal.SIGTERM)
+    assert targets[0] == pids["main"]
+    # The rank and the waiter handle it: their children are theirs to stop.
+    assert sorted(names[p] for p in targets) == ["helper", "launcher", "main", "rank", "waiter"]
+    assert len(targets) == len(set(targets))
+    # Each target's parent comes before it.
+    parents = {"launcher": "main", "helper": "main", "rank": "launcher", "waiter": "helper"}
+    for child, parent in parents.items():
+        assert targets.index(pids[parent]) < targets.index(pids[child])
+    excluded = proctree.notice_targets(pids["main"], signal.SIGTERM, exclude={pids["helper"]})
+    assert sorted(names[p] for p in excluded) == ["launcher", "main", "rank"]
+    # The main process handles SIGINT: nothing below it gets that notice.
+    assert proctree.notice_targets(pids["main"], signal.SIGINT) == [pids["main"]]

@@ -19,8 +19,10 @@ code meaning
      output dir read-only, not a directory, out of inodes); failures keep theirs
 74   code fetch failed (I/O error, S3 retries exhausted within the deadline);
      with TRAINING_TOOLKIT_INTERMEDIATE_STRICT=1, a file of
-     output/intermediate/ not in S3 as it is at the end of a successful job
-77   access denied (S3 403)
+     output/intermediate/ not in S3 as it is at the end of a successful job;
+     with TRAINING_TOOLKIT_CHECKPOINT_STRICT=1, a newest checkpoint not
+     durable in S3 at the end
+77   access denied (S3 403: the code, or the checkpoint prefix at start)
 78   bad job configuration (a file, field or hyperparameter is invalid)
 79   the cluster could not be formed or was lost (hosts unreachable over
      SSH, the master host vanished)
@@ -161,6 +163,20 @@ class OutputNotDurableError(ToolkitError):
             "intermediate.not_durable, with the last error; destination %s)"
             % (len(paths), strict_env, named, uri))
         self.paths = list(paths)
+
+
+class CheckpointAccessError(ClientError):
+    """The checkpoint prefix cannot be read at start (S3 403): nothing of
+    the job ran, and no checkpoint would have been kept."""
+
+    exit_code = 77
+
+
+class CheckpointNotDurableError(ToolkitError):
+    """The newest checkpoint is not in S3 at the end, and
+    TRAINING_TOOLKIT_CHECKPOINT_STRICT=1 makes that a failure."""
+
+    exit_code = 74
 
 
 class SMTrainingCompilerConfigurationError(ConfigError):

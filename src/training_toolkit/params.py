@@ -122,6 +122,16 @@ HANG_PHASE_TIMEOUTS_ENV = "TRAINING_TOOLKIT_HANG_PHASE_TIMEOUTS"
 LOG_RULES_FILE_ENV = "TRAINING_TOOLKIT_LOG_RULES_FILE"
 STACK_DEADLINE_ENV = "TRAINING_TOOLKIT_STACK_DEADLINE_S"
 HEARTBEAT_FILE_ENV = "TRAINING_TOOLKIT_HEARTBEAT_FILE"  # exported to each rank
+# Checkpoints (resilience/checkpoints.py): synced to S3 when the URI is set.
+CHECKPOINT_S3_URI_ENV = "TRAINING_TOOLKIT_CHECKPOINT_S3_URI"
+CHECKPOINT_DIR_ENV = "TRAINING_TOOLKIT_CHECKPOINT_DIR"   # also exported to each rank
+CHECKPOINT_COMPLETE_ENV = "TRAINING_TOOLKIT_CHECKPOINT_COMPLETE"
+CHECKPOINT_DELETES_ENV = "TRAINING_TOOLKIT_CHECKPOINT_DELETES"
+CHECKPOINT_VERIFY_ENV = "TRAINING_TOOLKIT_CHECKPOINT_VERIFY"
+CHECKPOINT_STRICT_ENV = "TRAINING_TOOLKIT_CHECKPOINT_STRICT"
+CHECKPOINT_FLUSH_ENV = "TRAINING_TOOLKIT_CHECKPOINT_FLUSH_S"
+REQUEUE_EXIT_CODE_ENV = "TRAINING_TOOLKIT_REQUEUE_EXIT_CODE"
+STOP_FILE_ENV = "TRAINING_TOOLKIT_STOP_FILE"  # exported to each rank; created at a stop notice
 SETTINGS = {
     MASTER_PORT_ENV: (int, 1, 65535, DEFAULT_MASTER_PORT),
     GRACE_ENV: (float, 0, MAX_GRACE_SECONDS, DEFAULT_GRACE_SECONDS),
@@ -145,6 +155,10 @@ SETTINGS = {
     # 200: above every 128+N of a signal, so a restart policy can tell a hang apart.
     HANG_EXIT_CODE_ENV: (int, 1, 255, 200),
     STACK_DEADLINE_ENV: (float, 0.1, None, 10.0),
+    CHECKPOINT_VERIFY_ENV: (int, 0, 1, None),   # default: 1 where SageMaker syncs
+    CHECKPOINT_STRICT_ENV: (int, 0, 1, 0),
+    CHECKPOINT_FLUSH_ENV: (float, 0, MAX_GRACE_SECONDS, None),  # default: measured
+    REQUEUE_EXIT_CODE_ENV: (int, 1, 255, None),
 }
 
 # Names of sagemaker_training.params, for framework toolkits that import them.
@@ -279,6 +293,14 @@ def hang_watch_requested(environ):
     refused when bad, only then: off, nothing of it is imported)."""
     return any(environ.get(name, "").strip() not in ("", "0") for name in (
         HANG_TIMEOUT_ENV, LOG_RULES_FILE_ENV, HANG_REGEX_ENV, HANG_PHASE_TIMEOUTS_ENV))
+
+
+def checkpoints_requested(environ):
+    """Whether a variable asks something of the checkpoint wing (read, and
+    refused when bad, only then)."""
+    return any(environ.get(name, "").strip() for name in (
+        CHECKPOINT_S3_URI_ENV, CHECKPOINT_DIR_ENV, CHECKPOINT_COMPLETE_ENV,
+        CHECKPOINT_DELETES_ENV, CHECKPOINT_VERIFY_ENV, REQUEUE_EXIT_CODE_ENV))
 
 
 def check_settings(environ):

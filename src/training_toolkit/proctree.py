@@ -2,7 +2,15 @@
 descendant of a process and signal them as a unit, so that no process of a job
 outlives `train`.
 
-One concern in about 460 lines: starting a process so that it can be ended
+A stop notice (SIGTERM, SIGINT) is not sent to a whole tree at once: it goes
+to the tree's main process and, walking down, to the children of each
+process that does not handle it itself (it ignores it, as a launcher waiting
+for its worker may, or would die of it, as a shell does); a process that
+handles it is trusted with its own children (DataLoader workers, helpers),
+which it may still need while it saves its state (notice_targets). What the
+notice left out gets the signal later, from the Supervisor.
+
+One concern in about 510 lines: starting a process so that it can be ended
 (its session, its parent-death signal) and ending its tree are the two halves
 of that one promise, and each trivial job imports this one module of the base
 layer on its path (test/test_import_budget.py), not two."""
@@ -377,6 +385,44 @@ def descendants(pid, exclude=()):
                 continue
             out.append(child)
             queue.append(child)
+    return out
+
+
+def handles_signal(pid, sig):
+    """Whether `pid` takes `sig` itself: it has a handler for it (SigCgt in
+    /proc/PID/status), or blocks it without ignoring it (it waits for it,
+    with sigwait or a signalfd). False where it ignores it, would die of it
+    (the default) or is gone."""
+    bit = 1 << (sig - 1)
+    masks = {}
+    try:
+        with open("/proc/%d/status" % pid, "rb") as f:
+            for line in f:
+                name, _, value = line.partition(b":")
+                if name in (b"SigBlk", b"SigIgn", b"SigCgt"):
+                    masks[name] = int(value, 16)
+    except (OSError, ValueError):
+        return False
+    if masks.get(b"SigCgt", 0) & bit:
+        return True
+    return bool(masks.get(b"SigBlk", 0) & bit and not masks.get(b"SigIgn", 0) & bit)
+
+
+def notice_targets(main_pid, sig, exclude=()):
+    """The processes a stop notice `sig` goes to, parents first: `main_pid`
+    and, below each of them that does not handle `sig` itself (a shell, a
+    launcher that ignores it), its children outside `exclude`. Below one
+    that handles it nothing is: its children are its own to stop (a rank
+    saving its checkpoint still reads from its DataLoader workers)."""
+    out, queue = [main_pid], [main_pid]
+    while queue:
+        pid = queue.pop(0)
+        if handles_signal(pid, sig):
+            continue
+        for child in children(pid):
+            if child not in exclude and child not in out:
+                out.append(child)
+                queue.append(child)
     return out
 
 

@@ -9,8 +9,9 @@ import sys
 import time
 
 from . import context, log, params, pipeline, proctree
-from .errors import (ClientError, ConfigError, FrameworkError, InternalError,
-                     OutputNotDurableError, OutputWriteError, ToolkitError, UsageError)
+from .errors import (CheckpointNotDurableError, ClientError, ConfigError, FrameworkError,
+                     InternalError, OutputNotDurableError, OutputWriteError, ToolkitError,
+                     UsageError)
 from .job.environment import Environment
 from .job.paths import JobPaths, require_job
 from .report import Reporter
@@ -51,8 +52,11 @@ def _install_signal_handlers(job):
     def on_signal(signum, _frame):
         if job.stop_signal_at is None:  # the drain must end within the grace from here
             job.stop_signal_at = time.monotonic()
-        log.info("received %s: stopping the job (SIGTERM now, SIGKILL after %gs)"
-                 % (signal.Signals(signum).name, supervisor.grace_seconds))
+            _notice(job)
+        reserve = ("; %gs of it kept to flush the checkpoints" % supervisor.reserve_seconds
+                   if supervisor.reserve_seconds else "")
+        log.info("received %s: stopping the job (each rank's main process now, SIGKILL after "
+                 "%gs%s)" % (signal.Signals(signum).name, supervisor.grace_seconds, reserve))
         if not supervisor.terminate() and not supervisor.terminating:
             supervisor.terminating = True
             raise Terminated(signum)
@@ -61,6 +65,8 @@ def _install_signal_handlers(job):
         signal.signal(signum, on_signal)
 
     def forward(signum, _frame):
+        if signum == signal.SIGUSR1:  # "checkpoint now, the end is near" (Slurm's --signal)
+            _notice(job, stopping=False)
         if proctree.signalled_by_slurm():  # the ranks of this step got it from Slurm too
             return
         log.info("received %s: passing it on to the job's ranks" % signal.Signals(signum).name)
@@ -76,6 +82,74 @@ def _install_signal_handlers(job):
             log.info("no ranks run yet: no stacks to write")
 
     signal.signal(signal.SIGQUIT, dump)
+
+
+def _touch(path):
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+    except OSError:
+        pass
+
+
+def _notice(job, stopping=True):
+    """A stop notice (in the signal handler; SIGUSR1 ahead of the stop, or
+    the stop itself): the stop file appears for ranks that poll, and on the
+    stop the ranks' share of the grace leaves the checkpoints' flush
+    reserve out."""
+    _touch(job.paths.stop_file)
+    checkpoints = job.checkpoints
+    if checkpoints is not None:
+        checkpoints.noticed(time.time())
+        if stopping:
+            job.supervisor.reserve_seconds = checkpoints.reserve_seconds(
+                job.supervisor.grace_seconds)
+
+
+def _requeue_code(job):
+    """TRAINING_TOOLKIT_REQUEUE_EXIT_CODE for a job that had a stop notice
+    and whose newest checkpoint is durable, else None."""
+    checkpoints = job.checkpoints
+    if checkpoints is None or not checkpoints.settings.requeue_exit_code:
+        return None
+    status = checkpoints.status()
+    if status.get("preemption") is None or status.get("durable") is not True:
+        return None
+    return checkpoints.settings.requeue_exit_code
+
+
+def _open_checkpoints(job, env):
+    """Before any user code: the checkpoint dir and the stop file are
+    exported to every rank, and where the job syncs its checkpoints, the
+    prefix is checked and restored and the sync started
+    (resilience/checkpoints.py). A bad setting is 78, a missing bucket 78,
+    access denied 77."""
+    os.environ[params.STOP_FILE_ENV] = job.paths.stop_file
+    try:
+        os.unlink(job.paths.stop_file)  # an earlier attempt's
+    except OSError:
+        pass
+    if not params.checkpoints_requested(os.environ) and not os.path.exists(
+            job.paths.checkpoint_config_file):  # nothing of the wing is imported
+        os.environ[params.CHECKPOINT_DIR_ENV] = job.paths.checkpoints_dir
+        try:
+            os.makedirs(job.paths.checkpoints_dir, exist_ok=True)
+        except OSError as e:  # the job may not need it
+            log.warning("cannot create %s: %s" % (job.paths.checkpoints_dir, e.strerror or e))
+        return
+    from .resilience import checkpoints
+
+    settings = checkpoints.settings_of(os.environ, job.paths, env.current_host)
+    os.environ[params.CHECKPOINT_DIR_ENV] = settings.local_dir
+    wing = checkpoints.Checkpoints(settings, os.environ.get(params.S3_ENDPOINT_ENV) or None,
+                                   env.region)
+    if settings.mode != "off":
+        with job.reporter.span("checkpoint_restore"):
+            wing.open()
+    else:
+        wing.open()
+    job.checkpoints = wing
+    job.reporter.set(checkpoints=wing.status())
 
 
 def call_framework_hook(spec):
@@ -156,6 +230,7 @@ def run_job(argv=()):
                 os.makedirs(d, exist_ok=True)
             except OSError as e:  # the job may not need it; the verdict says what was lost
                 log.error("cannot create %s: %s" % (d, e.strerror or e))
+        _open_checkpoints(job, env)
         if env.s3_output:
             _start_intermediate_sync(job, env)
         hook = None if command else env.framework_module
@@ -209,14 +284,31 @@ def _start_intermediate_sync(job, env):
         job.reporter.set(intermediate=sync.snapshot())
 
 
-def _drain_intermediate_sync(job):
-    """Before the verdict: let pending uploads finish and verify them, within
+def _drain_syncs(job):
+    """Before the verdict: let pending uploads of the intermediate output and
+    of the checkpoints finish, and verify them, within
     SM_INTERMEDIATE_DRAIN_SECONDS, and on a stop signal within what is left
-    of the termination grace. Returns the sync's last snapshot (None when
-    there was no sync, or it was drained already)."""
+    of the termination grace (both at once). Returns the intermediate
+    sync's last snapshot (None when there was none, or it was drained
+    already); the checkpoints' verdict goes to status.json."""
     sync, job.sync = job.sync, None
+    checkpoints = job.checkpoints
+    if checkpoints is not None and checkpoints.finished:
+        checkpoints = None
+    ckpt_sync = checkpoints.sync if checkpoints is not None else None
+    snapshots = _drain(job, [s for s in (sync, ckpt_sync) if s is not None])
+    if checkpoints is not None:
+        job.reporter.set(checkpoints=checkpoints.finish(snapshots.get(ckpt_sync)))
     if sync is None:
         return None
+    job.reporter.set(intermediate=snapshots[sync])
+    return snapshots[sync]
+
+
+def _drain(job, syncs):
+    """{sync: its last snapshot}, each drained by the same deadline."""
+    if not syncs:
+        return {}
     from .intermediate_output import STOP_EXTRA_S, drain_seconds
 
     def deadline():
@@ -228,29 +320,42 @@ def _drain_intermediate_sync(job):
         return limit
 
     limit = deadline()
-    sync.request_stop(limit)
+    for sync in syncs:
+        sync.request_stop(limit)
     while True:
         try:
-            if sync.wait(0.1):
+            if all(sync.wait(0.05) for sync in syncs):
                 break
             if job.stop_signal_at is not None:
                 limit = min(limit, deadline())
-                sync.set_deadline(limit)
+                for sync in syncs:
+                    sync.set_deadline(limit)
             if time.monotonic() > limit + STOP_EXTRA_S:
                 break  # what is still in flight is recorded as not verified
         except Terminated:
             continue  # a stop signal while draining: the deadline shrinks
-    snapshot = sync.snapshot()
-    job.reporter.set(intermediate=snapshot)
-    return snapshot
+    return {sync: sync.snapshot() for sync in syncs}
 
 
 def _succeed(job):
-    synced = _drain_intermediate_sync(job)
+    synced = _drain_syncs(job)
     if synced and synced.get("not_durable") and params.setting(
             os.environ, params.INTERMEDIATE_STRICT_ENV):
         return _fail(job, OutputNotDurableError(synced["s3_uri"], synced["not_durable"],
                                                 params.INTERMEDIATE_STRICT_ENV))
+    checkpoints = job.checkpoints
+    note = checkpoints.not_durable_note() if checkpoints is not None else None
+    if note and checkpoints.settings.strict:
+        return _fail(job, CheckpointNotDurableError(
+            "%s, and %s=1 makes that a failure (the job's program succeeded; see status.json's "
+            "checkpoints)" % (note, params.CHECKPOINT_STRICT_ENV)))
+    requeue = _requeue_code(job)
+    if requeue is not None:  # saved and ended after SIGUSR1: not done, to be run again
+        return _fail(job, ClientError(
+            "the job ended after a stop notice with its newest checkpoint %s durable in %s; "
+            "%s=%d asks the orchestrator to run it again" % (
+                checkpoints.status().get("newest"), checkpoints.settings.s3_uri,
+                params.REQUEUE_EXIT_CODE_ENV, requeue), exit_code=requeue))
     try:
         job.reporter.succeeded()
     except OutputWriteError as error:  # never exit 0 without `success`
@@ -259,7 +364,16 @@ def _succeed(job):
 
 
 def _fail(job, error):
-    _drain_intermediate_sync(job)
+    _drain_syncs(job)
+    checkpoints = job.checkpoints
+    if checkpoints is not None:
+        note = checkpoints.not_durable_note()
+        if note and note not in error.message:
+            error.message += "\n" + note
+        requeue = _requeue_code(job)
+        if requeue is not None and job.stop_signal_at is not None:
+            # Preempted with its newest checkpoint durable: the orchestrator's requeue code.
+            error.exit_code = requeue
     mine = job.reporter.failed(error)
     log.error("%s: %s%s" % (error.label, error.message.splitlines()[0] if error.message else "",
                             "" if mine else " (keeping the failure file the job wrote)"))

@@ -60,13 +60,18 @@ def cmd_plan(args):
     check_entry_point_before_fetch(env)  # as `train` would fail, before its install
     launch = plan(env)
     watchdog = _hang_watchdog(os.environ)
+    from ..resilience.checkpoints import settings_of
+
+    checkpoints = settings_of(os.environ, env.paths, env.current_host)
     if args.json:
-        print(json.dumps(dict(mask(launch.to_dict()), hang_watchdog=watchdog), indent=2))
+        print(json.dumps(dict(mask(launch.to_dict()), hang_watchdog=watchdog,
+                              checkpoints=checkpoints.status()), indent=2))
         return 0
     print("runner: %s\nhost:   %s (%s)" % (launch.runner, launch.host, launch.role))
     for note in launch.notes:
         print("note:   %s" % note)
     print("hang watchdog: %s" % (watchdog or "off (%s unset)" % params.HANG_TIMEOUT_ENV))
+    print("checkpoints: %s" % checkpoints.describe())
     cmd = launch.command
     if cmd is None:
         return 0

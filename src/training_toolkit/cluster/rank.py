@@ -7,8 +7,10 @@ Launchers (mpirun, torchrun) start every rank through this wrapper. It
 * loads the environment its own host's `train` wrote, when given one (MPI:
   each rank sees its own host's SM_* values and paths, and nothing crosses
   the network); torchrun ranks inherit it directly;
-* runs the program as a supervised child: SIGTERM is forwarded with the
-  grace period, and nothing the program started outlives it;
+* runs the program as a supervised child: a stop notice (SIGTERM, SIGINT)
+  goes to the program's main process first, which keeps its own children
+  (DataLoader workers) while it saves, SIGKILL after the grace period (see
+  training_toolkit.supervise), and nothing the program started outlives it;
 * stops the program when its launcher dies, however it dies (a launcher
   that gets several SIGTERMs at once, as when the `train` above it is
   SIGKILLed, may exit without stopping its workers);

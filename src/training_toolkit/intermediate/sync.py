@@ -7,7 +7,8 @@ against what was uploaded, the uploads in flight and any retry, all within a
 deadline; then one listing of the prefix checks every file present by size
 and ETag (`verify`), re-uploading what does not match. A failed upload never
 fails the job: it is logged (rate-limited) and counted in ``snapshot()``,
-which `train` writes to status.json.
+which `train` writes to status.json. The tree's rules (intermediate.rules)
+decide what goes up and when; the checkpoint sync is this sync with its own.
 """
 import os
 import threading
@@ -15,6 +16,7 @@ import time
 
 from .. import backoff, log, params
 from . import verify
+from .rules import EveryFile
 from .uploads import FIRST_BACKOFF_S, MAX_ATTEMPTS, MAX_BACKOFF_S, Uploads
 from .watch import RESCAN_S, TreeWatcher
 
@@ -52,9 +54,11 @@ def job_name(env, environ=os.environ):
 
 class Status:
     """The counts and the state that snapshot() returns, under one lock. A
-    failure is logged at most every LOG_EVERY_S; the last one is kept."""
+    failure is logged at most every LOG_EVERY_S (named by `label`); the last
+    one is kept."""
 
-    def __init__(self, s3_uri):
+    def __init__(self, s3_uri, label="intermediate output"):
+        self.label = label
         self.lock = threading.Lock()
         self._last_log = 0.0
         self.stats = {
@@ -64,6 +68,7 @@ class Status:
             "uploads": 0,
             "bytes": 0,
             "failures": 0,
+            "deletes": 0,
             "last_error": None,
             "files_at_exit": None,
             "verified": None,
@@ -97,24 +102,28 @@ class Status:
         now = time.monotonic()
         if now - self._last_log >= LOG_EVERY_S:
             self._last_log = now
-            log.warning("intermediate output: %s" % text)
+            log.warning("%s: %s" % (self.label, text))
 
 
 class Sync:
     """Watches `root` and uploads what appears there to s3://bucket/prefix.
     Failed uploads and listings wait `backoff_s` (first, most) between
-    tries; without inotify the tree is rescanned every `rescan_s`."""
+    tries; without inotify the tree is rescanned every `rescan_s`. `rules`
+    (intermediate.rules; every file by default) decide what goes up."""
 
     def __init__(self, root, bucket, prefix, region=None, endpoint_url=None, s3_output=None,
-                 timeout_s=None, backoff_s=(FIRST_BACKOFF_S, MAX_BACKOFF_S), rescan_s=RESCAN_S):
+                 timeout_s=None, backoff_s=(FIRST_BACKOFF_S, MAX_BACKOFF_S), rescan_s=RESCAN_S,
+                 rules=None):
         self.root = os.path.abspath(root)
+        self.rules = rules or EveryFile()
+        self._seeds = {}
         self.bucket = bucket
         self.prefix = prefix
         self.region = region
         self.endpoint_url = endpoint_url
         self.s3_output = s3_output
         self.timeout_s = timeout_s
-        self._status = Status("s3://%s/%s" % (bucket, prefix))
+        self._status = Status("s3://%s/%s" % (bucket, prefix), self.rules.label)
         self.stats = self._status.stats
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._stop = False
@@ -123,22 +132,35 @@ class Sync:
         self._wake_lock = threading.Lock()
         self._idle = threading.Event()
         self._uploads = Uploads(self.root, bucket, prefix, self._status, self._wake, self._idle,
-                                self._stopping, backoff_s)
+                                self._stopping, backoff_s, self.rules)
         self._watcher = TreeWatcher(self.root, self._uploads.want, self._uploads.changed,
-                                    self._status.record_error, rescan_s)
+                                    self._status.record_error, rescan_s, self._uploads.gone,
+                                    self.rules)
         self._client = None
-        self._thread = threading.Thread(target=self._run, name="intermediate-sync", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="%s-sync" % self.rules.label,
+                                        daemon=True)
         self._etag_is_md5 = True
 
     # ------------------------------------------------------------------
     # Caller side (any thread)
     # ------------------------------------------------------------------
 
+    def seed(self, objects):
+        """Files known to be in S3 already, {relative path: (size, ETag)}
+        (a restore's): not uploaded again while they stay as they are.
+        Before start()."""
+        self._seeds.update(objects)
+        return self
+
     def start(self):
         os.makedirs(self.root, exist_ok=True)
         self._thread.start()
-        log.info("intermediate output: syncing %s to %s" % (self.root, self.stats["s3_uri"]))
+        log.info("%s: syncing %s to %s" % (self.rules.label, self.root, self.stats["s3_uri"]))
         return self
+
+    def upload_rate(self):
+        """Bytes per second while uploads were in flight, or None (none yet)."""
+        return self._uploads.upload_rate()
 
     def is_alive(self):
         return self._thread.is_alive()
@@ -213,6 +235,13 @@ class Sync:
     def _run(self):
         drain_start = None
         try:
+            for rel, (size, etag) in self._seeds.items():
+                try:
+                    st = os.stat(os.path.join(self.root, rel))
+                except OSError:
+                    continue
+                if st.st_size == size:
+                    self._uploads.seed(rel, verify.signature(st), etag)
             self._watcher.start()
             self._client = self._uploads.set_up(self.endpoint_url, self.region,
                                                 self.timeout_s or None)
@@ -221,7 +250,7 @@ class Sync:
             drain_start = time.monotonic()
             self._drain()
         except Exception as err:  # noqa: BLE001 - the sync must never take the job down
-            self._status.record_error(err, "intermediate output sync stopped")
+            self._status.record_error(err, "the sync stopped")
             self._status.update(state="error")
         finally:
             self._shut_down()
@@ -288,10 +317,13 @@ class Sync:
         # events did not bring (a missed event, an overflow) is found here.
         self._uploads.retry_failed_now()
         self._watcher.add_tree("", rescan=True)
+        for rel in self._uploads.gone_but_uploaded():  # a delete the events missed
+            self._uploads.gone(rel)
         round_, list_failures = 0, 0
         while True:
             self._loop(draining=True)
-            present = self._watcher.present()
+            present = {rel: sig for rel, sig in self._watcher.present().items()
+                       if self.rules.ready(self.root, rel)}
             listed = self._list() if self._time_left() > 0 else None
             if listed is None and self._time_left() > 0:
                 list_failures += 1
@@ -301,6 +333,8 @@ class Sync:
                     continue
             uploaded = self._uploads.uploaded()
             result = verify.verify(present, uploaded, listed, self._etag_is_md5)
+            if self.rules.shared_prefix and listed is not None:
+                result = self._last_writer_wins(result, present, uploaded)
             if listed is None or not result.again or self._time_left() <= 0 or round_ == 2:
                 break
             sized = verify.by_size_alone(result, present, listed) if round_ == 1 else None
@@ -314,6 +348,22 @@ class Sync:
                 self._uploads.upload_again(rel)
             round_ += 1
         self._report(present, uploaded, result)
+
+    def _last_writer_wins(self, result, present, uploaded):
+        """Under a prefix several hosts share, an object whose content is not
+        the one this host sent, though S3 acknowledged it, is another host's
+        later upload of the same name: it stays, and the log says so once."""
+        mine = [rel for rel in result.mismatched if uploaded.get(rel, (None,))[0] == present[rel]]
+        if not mine:
+            return result
+        if not self.stats.get("overwritten"):
+            log.warning("%s: %d files were also written by another host under %s, whose "
+                        "upload came last and stays: %s" % (
+                            self.rules.label, len(mine), self.stats["s3_uri"],
+                            ", ".join(sorted(mine)[:10])))
+        self._status.update(overwritten=sorted(mine))
+        return result._replace(verified=result.verified + len(mine),
+                               mismatched=[rel for rel in result.mismatched if rel not in mine])
 
     def _report(self, present, uploaded, result):
         """The drain's verdict: `complete` when every file is verified;
@@ -330,17 +380,18 @@ class Sync:
             verification="size+etag" if self._etag_is_md5 else "size (ETags are not MD5s)")
         last_error = ("; last error: %s" % self.stats["last_error"]
                       if self.stats["last_error"] else "")
+        label = self.rules.label
         if lost:
-            log.warning("intermediate output: %d of %d files may not be in %s as they are now: "
-                        "%s%s" % (len(lost), len(present), self.stats["s3_uri"],
+            log.warning("%s: %d of %d files may not be in %s as they are now: "
+                        "%s%s" % (label, len(lost), len(present), self.stats["s3_uri"],
                                   ", ".join(lost), last_error))
         elif unchecked:
-            log.warning("intermediate output: %d files uploaded to %s, %d of them not verified "
-                        "(the listing failed)%s" % (len(present), self.stats["s3_uri"],
+            log.warning("%s: %d files uploaded to %s, %d of them not verified "
+                        "(the listing failed)%s" % (label, len(present), self.stats["s3_uri"],
                                                     len(unchecked), last_error))
         else:
-            log.info("intermediate output: %d files verified in %s (%d uploads, %.1f MB)"
-                     % (result.verified, self.stats["s3_uri"], self.stats["uploads"],
+            log.info("%s: %d files verified in %s (%d uploads, %.1f MB)"
+                     % (label, result.verified, self.stats["s3_uri"], self.stats["uploads"],
                         self.stats["bytes"] / 1e6))
 
     def _time_left(self):

@@ -13,7 +13,10 @@ Content-Length, and the request waited for the rest until the socket
 timeout. botocore retries transient errors; a file that still fails is
 tried again later with a backoff. One file has at most one upload in flight; a file changed while it
 uploads is uploaded again afterwards, so the object ends with the file's
-last content. Deletes are not propagated.
+last content. The tree's rules (intermediate.rules) say which files may go
+up yet, which wait for the rest of their unit (a completeness marker goes up
+last), and whether a local delete deletes the object: a delete then takes a
+file's turn as an upload would, with the same retries.
 
 The state is the sync thread's alone: the upload workers and the transfer
 manager's callbacks only post their results, which `handle_messages` takes
@@ -24,6 +27,7 @@ import os
 import time
 
 from .. import backoff, s3
+from .rules import EveryFile
 from .verify import MULTIPART_CHUNKSIZE, MULTIPART_THRESHOLD, PartDigests, part_size, signature
 
 # Concurrent S3 requests: whole small files, or parts of large ones.
@@ -102,7 +106,8 @@ class _File:
     """What the sync knows of one relative path."""
 
     __slots__ = ("gen", "busy", "dirty", "attempts", "retry_at", "submit_sig", "upload_result",
-                 "hash_result", "sig", "etag", "ever_uploaded", "failed", "multipart", "candidate")
+                 "hash_result", "sig", "etag", "ever_uploaded", "failed", "multipart", "candidate",
+                 "deleting")
 
     def __init__(self):
         self.gen = 0               # bumped on every submission; stale results are ignored
@@ -122,6 +127,7 @@ class _File:
         # object all the same (a CompleteMultipartUpload retried after it
         # succeeded fails with NoSuchUpload), so the retry asks S3 first.
         self.candidate = None
+        self.deleting = False      # the request in flight deletes the object
 
 
 class Uploads:
@@ -131,11 +137,16 @@ class Uploads:
     called when a worker posts a result; `idle` (a threading.Event) is
     cleared when an upload starts; `stopping()` says whether the drain was
     asked for (a failure is then retried until the deadline). Failed files
-    wait `backoff_s` (first, most) between tries."""
+    wait `backoff_s` (first, most) between tries. `rules` (EveryFile by
+    default) decide what may go up, and when."""
 
     def __init__(self, root, bucket, prefix, status, wake, idle, stopping,
-                 backoff_s=(FIRST_BACKOFF_S, MAX_BACKOFF_S)):
+                 backoff_s=(FIRST_BACKOFF_S, MAX_BACKOFF_S), rules=None):
         self.root = root
+        self.rules = rules or EveryFile()
+        self._held = {}      # path -> unit: a marker waiting for the rest of its unit
+        self._busy_since = None  # monotonic time since which something is in flight
+        self._busy_s = 0.0   # seconds with something in flight: the upload rate's time
         self.bucket = bucket
         self.prefix = prefix
         self.backoff_s = backoff_s
@@ -215,7 +226,26 @@ class Uploads:
         return not self._busy and not self._retry
 
     def idle(self):
-        return self.settled() and not self._waiting
+        return self.settled() and not self._waiting and not self._held
+
+    def seed(self, rel, sig, etag):
+        """`rel` is in S3 already with this content (restored from there):
+        not uploaded again unless it changes, and deleted there when it is
+        deleted here (where deletes are mirrored)."""
+        f = self._files[rel] = _File()
+        f.sig, f.etag, f.ever_uploaded = sig, etag, True
+
+    def upload_rate(self):
+        """Bytes per second while something was in flight, or None."""
+        busy = self._busy_s + (time.monotonic() - self._busy_since
+                               if self._busy_since is not None else 0.0)
+        moved = self._status.stats["bytes"]
+        return moved / busy if busy > 0 and moved else None
+
+    def gone_but_uploaded(self):
+        """The paths uploaded (or restored) that are no longer here."""
+        return [rel for rel, f in self._files.items() if f.ever_uploaded and not f.busy
+                and not os.path.lexists(os.path.join(self.root, rel))]
 
     def retry_times(self):
         """The monotonic times of the retries waiting."""
@@ -264,6 +294,14 @@ class Uploads:
         if self._manager is None:
             self._waiting.add(rel)
             return
+        if os.path.lexists(os.path.join(self.root, rel)):  # else a delete, which may go now
+            if not self.rules.ready(self.root, rel):
+                return  # its unit is not complete yet: the marker brings it
+            unit = self.rules.waits_for(rel)
+            if unit is not None and not self._unit_settled(unit, but=rel):
+                self._held[rel] = unit
+                return
+        self._held.pop(rel, None)
         f = self._files.get(rel)
         if f is None:
             f = self._files[rel] = _File()
@@ -273,6 +311,31 @@ class Uploads:
         f.failed = False
         f.attempts = 0 if f.retry_at is None else f.attempts
         self._submit(rel, f)
+
+    def gone(self, rel):
+        """`rel` (a file, or a directory) was deleted or moved away: where
+        deletes are mirrored, what of it went up is deleted in S3."""
+        self._held.pop(rel, None)
+        if not self.rules.mirror_deletes:
+            return
+        under = rel + "/"
+        for known in [k for k in self._files if k == rel or k.startswith(under)]:
+            self.want(known)
+
+    def _unit_settled(self, unit, but=None):
+        """Nothing of `unit` (but `but`) is on its way up, waiting for a
+        retry, or given up on."""
+        under = unit + "/"
+        for rel in self._busy | set(self._retry):
+            if rel != but and (rel == unit or rel.startswith(under)):
+                return False
+        return not any(f.failed for rel, f in self._files.items()
+                       if rel != but and rel.startswith(under))
+
+    def _release_held(self):
+        for rel, unit in list(self._held.items()):
+            if self._unit_settled(unit, but=rel):
+                self.want(rel)
 
     def retry_due(self):
         now = time.monotonic()
@@ -292,9 +355,11 @@ class Uploads:
             else:
                 f.hash_result = result
             # A multipart upload settles with its hash, even when it failed.
-            if f.upload_result is not None and (f.hash_result is not None or (
+            if f.upload_result is not None and (f.hash_result is not None or f.deleting or (
                     f.upload_result is not True and not f.multipart)):
                 self._settle(rel, f)
+        if self._held:
+            self._release_held()
 
     def _post(self, message):
         self._messages.append(message)
@@ -309,18 +374,26 @@ class Uploads:
 
     def _set_busy(self, rel, f, busy):
         f.busy = busy
+        now = time.monotonic()
         if busy:
+            if not self._busy:
+                self._busy_since = now
             self._busy.add(rel)
         else:
             self._busy.discard(rel)
+            if not self._busy and self._busy_since is not None:
+                self._busy_s += now - self._busy_since
+                self._busy_since = None
 
     def _submit(self, rel, f, check=False):
         path = os.path.join(self.root, rel)
         self._set_retry(rel, f, None)
         try:
             st = os.stat(path)
-        except OSError:
-            return  # gone (renamed, deleted, a dangling link)
+        except OSError:  # gone (renamed, deleted, a dangling link)
+            if self.rules.mirror_deletes and f.ever_uploaded and not os.path.lexists(path):
+                self._submit_delete(rel, f)
+            return
         import stat as stat_module
 
         if not stat_module.S_ISREG(st.st_mode):
@@ -361,6 +434,27 @@ class Uploads:
         finally:
             if reader is not None:
                 reader.close()
+
+    def _submit_delete(self, rel, f):
+        f.gen += 1
+        f.dirty = False
+        f.deleting, f.multipart = True, False
+        f.upload_result = f.hash_result = None
+        self._set_busy(rel, f, True)
+        self._idle.clear()
+        try:
+            self._putter.submit(self._delete_object, rel, f.gen)
+        except Exception as err:  # noqa: BLE001 - e.g. an executor refusing new work
+            self._set_busy(rel, f, False)
+            f.deleting = False
+            self._status.record_error(err, "deleting %s failed" % rel)
+
+    def _delete_object(self, rel, gen):
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self.prefix + rel)
+            self._post(("upload", rel, gen, True))
+        except Exception as err:  # noqa: BLE001 - reported, never raised here
+            self._post(("upload", rel, gen, err))
 
     def _put_small(self, rel, gen, path):
         """A file below the multipart threshold: one read, hashed, one PUT of
@@ -406,6 +500,9 @@ class Uploads:
             now_sig = signature(os.stat(os.path.join(self.root, rel)))
         except OSError:
             now_sig = None
+        if f.deleting:
+            self._settle_delete(rel, f, result, now_sig)
+            return
         if result is not True:
             if now_sig is None:
                 return  # gone while uploading (renamed away, deleted): not a failure
@@ -434,3 +531,25 @@ class Uploads:
                 self.want(rel)  # changed while uploading: the last content must win
             return
         f.sig, f.etag = f.submit_sig, hashed[1]
+        durable = self.rules.uploaded(rel, self._unit_settled, f.sig[0], f.sig[1] / 1e9)
+        if durable is not None:
+            self._status.update(last_durable=durable)
+
+    def _settle_delete(self, rel, f, result, now_sig):
+        f.deleting = False
+        if result is True:
+            if now_sig is not None:  # back meanwhile: it goes up again
+                f.ever_uploaded, f.sig = False, None
+                self.want(rel)
+                return
+            del self._files[rel]
+            self._status.add(deletes=1)
+            return
+        f.attempts += 1
+        self._status.record_error(result, "deleting %s failed (attempt %d)" % (rel, f.attempts))
+        self._status.add(failures=1)
+        if self._stopping() or f.attempts < MAX_ATTEMPTS:
+            self._set_retry(rel, f, time.monotonic() + backoff.nth_delay(f.attempts,
+                                                                         *self.backoff_s))
+        else:
+            f.failed = True

@@ -26,17 +26,22 @@ REFERENCE_TMP_DIR = ".tmp.sagemaker_s3_sync"
 
 
 class TreeWatcher:
-    """Watches `root` and calls `want(rel)` for each file to upload. A
-    rescan wants only the files for which `changed(rel)` is true (they differ
-    from what went up); `record_error(err, what)` hears of what cannot be
-    watched."""
+    """Watches `root` and calls `want(rel)` for each file to upload, and
+    `gone(rel)` for each file deleted or moved away. A rescan wants only the
+    files for which `changed(rel)` is true (they differ from what went up);
+    `record_error(err, what)` hears of what cannot be watched. A file that
+    `rules` (intermediate.rules) says waits for its unit has the unit
+    rescanned first, so that the unit's files are wanted before it."""
 
-    def __init__(self, root, want, changed, record_error, rescan_s=RESCAN_S):
+    def __init__(self, root, want, changed, record_error, rescan_s=RESCAN_S, gone=None,
+                 rules=None):
         self.root = root
         self._want = want
         self._changed = changed
         self._record_error = record_error
         self._rescan_s = rescan_s
+        self._gone = gone or (lambda rel: None)
+        self._rules = rules
         self._watches = {}  # wd -> relative dir ("" for the root)
         self._inotify = None
         self.next_rescan = None  # monotonic time of the next rescan, when there is no inotify
@@ -49,7 +54,7 @@ class TreeWatcher:
             flags = inotify_simple.flags
             self._f = flags
             self._mask = (flags.CLOSE_WRITE | flags.MOVED_TO | flags.MOVED_FROM | flags.CREATE
-                          | flags.ONLYDIR)
+                          | flags.DELETE | flags.ONLYDIR)
             self._inotify = inotify_simple.INotify()
         except (ImportError, OSError) as err:
             # No inotify (the library missing, the per-user instance limit
@@ -58,7 +63,7 @@ class TreeWatcher:
             self.next_rescan = time.monotonic() + self._rescan_s
             self._record_error(err, "no inotify; rescanning %s every %g s instead"
                                % (self.root, self._rescan_s))
-        self.add_tree("")
+        self.add_tree("", rescan=True)  # a file known to be in S3 already (restored) stays
 
     def fileno(self):
         """The inotify descriptor to poll, or None without inotify."""
@@ -156,8 +161,9 @@ class TreeWatcher:
         wanted = {}  # rel -> True (upload) / False (moved away): the batch's last word
         for event in events:
             if event.mask & f.Q_OVERFLOW:
-                log.warning("intermediate output: inotify queue overflowed; rescanning %s"
-                            % self.root)
+                log.warning("%s: inotify queue overflowed; rescanning %s"
+                            % (self._rules.label if self._rules else "intermediate output",
+                               self.root))
                 self.add_tree("", rescan=True)
                 continue
             if event.mask & f.IGNORED:
@@ -173,9 +179,10 @@ class TreeWatcher:
                         self.add_tree(rel, rescan=True)
                 elif event.mask & f.MOVED_FROM:
                     self._forget_tree(rel)
+                    wanted[rel] = False
             elif event.mask & (f.CLOSE_WRITE | f.MOVED_TO):
                 wanted[rel] = True
-            elif event.mask & f.MOVED_FROM:
+            elif event.mask & (f.MOVED_FROM | f.DELETE):
                 wanted[rel] = False
             elif event.mask & f.CREATE:
                 # Most new files are written and closed (CLOSE_WRITE follows);
@@ -186,6 +193,14 @@ class TreeWatcher:
                         wanted[rel] = True
                 except OSError:
                     pass
-        for rel, want in wanted.items():
+        waits_for = self._rules.waits_for if self._rules else (lambda rel: None)
+        # A marker deleted goes first: S3 never holds a half-deleted unit
+        # that still looks complete.
+        for rel, want in sorted(wanted.items(), key=lambda item: waits_for(item[0]) is None):
             if want:
+                unit = waits_for(rel)
+                if unit is not None:
+                    self.add_tree(unit, rescan=True)
                 self._want(rel)
+            else:
+                self._gone(rel)

@@ -138,6 +138,11 @@ class JobPaths:
     def input_data_config_file(self):
         return self._join("input", "config", "inputdataconfig.json")
 
+    @property
+    def checkpoint_config_file(self):
+        """SageMaker's CheckpointConfig of the job (LocalPath, S3Uri), when it has one."""
+        return self._join("input", "config", "checkpointconfig.json")
+
     def channel_dir(self, name):
         return self._join("input", "data", name)
 
@@ -174,6 +179,11 @@ class JobPaths:
     @property
     def model_dir(self):
         return self._join("model")
+
+    @property
+    def checkpoints_dir(self):
+        """The checkpoint dir where the job names none (SageMaker's default LocalPath)."""
+        return self._join("checkpoints")
 
     # output/
     @property
@@ -219,6 +229,11 @@ class JobPaths:
     def stacks_dir(self):
         """Where armed ranks write their faulthandler dumps (resilience/stacks.py)."""
         return self._join("toolkit", "stacks")
+
+    @property
+    def stop_file(self):
+        """TRAINING_TOOLKIT_STOP_FILE: created at a stop notice, for ranks that poll."""
+        return self._join("toolkit", "stop")
 
     def heartbeat_file(self, rank):
         """The heartbeat file of `rank` (TRAINING_TOOLKIT_HEARTBEAT_FILE)."""

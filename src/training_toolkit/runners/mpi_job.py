@@ -81,6 +81,7 @@ class MpiJob:
         self.ssh_masters = None
         self.coordinator = None
         self._killer = KillTimer(lambda: self._signal_local_ranks(signal.SIGKILL))
+        self._noticed = set()  # the rank processes a stop notice went to
         self.user_env = user_env
         self.hangs = hang.settings_of(os.environ)  # the watchdog's, or None
         self.dump_here = hang.host_dumper(env.paths, env.current_host, self.hangs)
@@ -165,7 +166,7 @@ class MpiJob:
             raise errors[0]
 
     def _stop_everywhere(self, master, operator, sig):
-        grace = self.supervisor.grace_seconds
+        grace = self.supervisor.stop_window()
         master.stop_everywhere(sig, grace)
         if operator:  # ranks on bare sshd workers: mpirun passes the signal on to them
             self.supervisor.stop(sig, grace)
@@ -211,7 +212,7 @@ class MpiJob:
             if operator:  # joined first: the launcher, which waits for sshd only, then
                 start_sshd()  # cannot end the job before this host hears its verdict
         self.supervisor.on_terminate = lambda sig: self._stop_local_ranks(
-            sig, self.supervisor.grace_seconds)
+            sig, self.supervisor.stop_window())
         try:
             return worker.outcome(self.supervisor.terminating)
         finally:
@@ -223,8 +224,23 @@ class MpiJob:
         return [pid for pids in hang.rank_pids(ranks_dir(self.env)).values() for pid in pids]
 
     def _signal_local_ranks(self, sig):
-        for pid in self._local_rank_pids():
-            proctree.kill_tree(pid, sig)
+        """SIGKILL: every process of each rank. A stop notice: each rank's
+        wrapper, which passes it on as its own Supervisor does (the
+        program's main process first, see supervise); the program's main
+        process itself where the wrapper is gone. Each gets a notice once."""
+        for wrapper, program in hang.rank_pids(ranks_dir(self.env)).values():
+            if sig == signal.SIGKILL:
+                proctree.kill_tree(wrapper, sig)
+                proctree.kill_tree(program, sig)
+                continue
+            target = wrapper if proctree.alive(wrapper) else program
+            if target in self._noticed:
+                continue
+            self._noticed.add(target)
+            try:
+                os.kill(target, sig)
+            except OSError:
+                pass
 
     def _stop_local_ranks(self, sig, grace):
         self._signal_local_ranks(sig)

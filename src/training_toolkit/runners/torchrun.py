@@ -159,7 +159,7 @@ def run(launch, supervisor, env, reporter):
                 coordinator.control.on_failure = lambda rank, host, code: (
                     rank is None and coordinator.stop_everywhere(signal.SIGTERM, 3.0))
             supervisor.on_terminate = lambda sig: coordinator.stop_everywhere(
-                sig, supervisor.grace_seconds)
+                sig, supervisor.stop_window())
             outcome = stopped_is_sigterm(run_command(supervisor, launch.command))
             # With restarts, a rank's failure is not final: torchrun's is.
             return coordinator.verdict(outcome, expected_ranks=settings.world_size,
@@ -171,7 +171,7 @@ def run(launch, supervisor, env, reporter):
     worker = JobWorker(settings.master, settings.control_port, env.current_host, deadline,
                        local, supervisor.grace_seconds,
                        control.job_key_for(env), reporter, dump_here)
-    supervisor.on_terminate = lambda sig: local(sig, supervisor.grace_seconds)
+    supervisor.on_terminate = lambda sig: local(sig, supervisor.stop_window())
     supervisor.on_dump = lambda: dump_here(True)
     try:
         outcome = run_command(supervisor, launch.command)

@@ -19,6 +19,17 @@ runs torch.distributed.run's own `main` with ARGS, and differs from
 
 And SIGUSR1 and SIGUSR2 ("checkpoint now", which `train` passes on) go to
 the agent's workers, the ranks, instead of ending the agent as they would.
+
+A stop notice (SIGTERM, SIGINT) reaches the agent alone: it handles it, so
+`train` trusts it with its workers (training_toolkit.proctree's
+notice_targets). torch's own handler would end the agent's run, which then
+stops the workers itself and SIGKILLs them after its 30 s whatever the job's
+grace (pytorch#119856). Without restarts (--max-restarts 0), the first
+notice goes to the workers instead (unless Slurm signals them itself, as
+forward_to_children says), the rank wrappers, which stop their programs'
+main processes first, and the agent runs on to end with their exit codes; a
+second notice is torch's. With restarts torch's handler stays, so that the
+agent does not restart the workers that a stop ended.
 """
 import os
 import signal
@@ -73,6 +84,40 @@ def forward_to_children(signum, _frame):
             pass  # gone meanwhile
 
 
+def restarts(argv):
+    """torchrun's --max-restarts among its options in `argv` (0 without)."""
+    options = argv[:argv.index("--no-python")] if "--no-python" in argv else argv
+    for i, arg in enumerate(options):
+        name, _, value = arg.partition("=")
+        if name in ("--max-restarts", "--max_restarts"):
+            if not value and i + 1 < len(options):
+                value = options[i + 1]
+            try:
+                return int(value)
+            except ValueError:
+                return 0  # torchrun's own parser refuses it
+    return 0
+
+
+def notice_workers_first(api):
+    """torch elastic's termination handler (PContext.start installs it for
+    SIGTERM and SIGINT, among others), replaced by one that passes the first
+    SIGTERM or SIGINT on to the workers and lets the agent run on; anything
+    else, and a second one, goes to torch's."""
+    torch_handler = getattr(api, "_terminate_process_handler", None)
+    if torch_handler is None:
+        return
+    noticed = []
+
+    def on_signal(signum, frame):
+        if noticed or signum not in (signal.SIGTERM, signal.SIGINT):
+            return torch_handler(signum, frame)
+        noticed.append(signum)
+        forward_to_children(signum, frame)
+
+    api._terminate_process_handler = on_signal
+
+
 def main(argv):
     for signum in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(signum, forward_to_children)
@@ -83,6 +128,10 @@ def main(argv):
         del sys.path[0]
     import torch.distributed.run as torchrun
 
+    if restarts(argv[1:]) == 0:
+        import torch.distributed.elastic.multiprocessing.api as api
+
+        notice_workers_first(api)
     wait_for, sys.argv = argv[0], ["torchrun"] + argv[1:]
     if wait_for != "-":
         wait_for_store(wait_for, STORE_WAIT_S)

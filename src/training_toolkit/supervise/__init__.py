@@ -8,6 +8,17 @@ whole lines only, so it never splits a line against stdout. Where our stderr
 is a pipe of its own, the relay splices whole lines into it without copying
 them (LineRelay's splice path), so a flood of stderr costs about what it
 costs written straight to that pipe.
+
+A stop (`terminate`, `stop`) comes in three stages, each process signalled
+once. The notice goes to the command's main process at once, and on down
+through the processes that do not handle it themselves (a shell, a launcher
+that ignores SIGTERM; proctree.notice_targets): a process that handles it is
+trusted with its children, which it may need while it saves its state (a
+rank's DataLoader workers). The rest of the tree gets the signal when the
+main process has exited (and any process that took the notice with a
+handler, as a rank under a shell that died of it), or TREE_LEAD_S before the
+end of the grace, whichever comes first. At the end of the grace, SIGKILL to
+all that is left.
 """
 import os
 import signal
@@ -21,6 +32,9 @@ from .relay import LineRelay, _relay_pipe
 # After the main process has ended, leftovers get this long between SIGTERM
 # and SIGKILL.
 LEFTOVER_GRACE_S = 2.0
+# In a stop, what the notice left out gets the signal this long before the
+# SIGKILL (at most half the grace), should the main process still run then.
+TREE_LEAD_S = 2.0
 
 
 class Outcome:
@@ -77,21 +91,35 @@ class KillTimer:
                 self._timer.cancel()
             self._timer = self._due = None
 
+    def seconds_left(self):
+        """Until the action runs (0 once due); None when not armed."""
+        due = self._due
+        return None if due is None else max(0.0, due - time.monotonic())
+
 
 class Supervisor:
     """Runs commands one at a time as killable units.
 
-    `terminate()` may be called from a signal handler: it sends SIGTERM to the
-    whole tree and arms a timer that SIGKILLs what is left after the grace
-    period. Every run ends with no descendant left alive.
+    `terminate()` may be called from a signal handler: it stops the tree in
+    the stages the module's docstring describes, its main process first,
+    SIGKILL to what is left once the stop window (`stop_window`) has passed.
+    Every run ends with no descendant left alive.
     """
 
     def __init__(self, grace_seconds=110.0):
         self.grace_seconds = grace_seconds
+        # Of the grace, what `train` keeps for itself after the kill (the
+        # checkpoints' flush); set before it calls terminate().
+        self.reserve_seconds = 0.0
         self.proc = None
         self.terminating = False
         self._starting = False
         self._killer = None
+        self._spreader = None  # the stop's second stage: the rest of the tree
+        self._stop_sig = None  # the signal of this run's stop, once stopped
+        self._noticed = set()  # the pids this run's stop has signalled
+        # Reentrant, as KillTimer's: stop() runs in signal handlers.
+        self._stop_lock = threading.RLock()
         # pids of services the toolkit runs itself (sshd): not part of a job.
         self.services = set()
         self._not_ours = set()
@@ -119,6 +147,8 @@ class Supervisor:
         # Children we already had (a framework's own helpers, sshd) are not
         # part of this command's tree; anything reparented to us later is.
         self._not_ours = self.services | set(proctree.children(os.getpid()))
+        self._stop_sig = None
+        self._noticed = set()
         pipes = {name: _relay_pipe() for name, wanted in (("stdout", relay_stdout),
                                                           ("stderr", relay_stderr)) if wanted}
         self._starting = True
@@ -146,7 +176,7 @@ class Supervisor:
             relay.start()
             self._relays[name] = relay
         if self.terminating:  # a stop request came while it was starting
-            self.stop(signal.SIGTERM, self.grace_seconds)
+            self.stop(signal.SIGTERM, self.stop_window())
         return self.proc
 
     def wait(self):
@@ -156,14 +186,21 @@ class Supervisor:
         for relay in self._relays.values():
             relay.join()
         tail = self._relays["stderr"].tail_bytes() if "stderr" in self._relays else b""
-        if self._killer is not None:
-            self._killer.cancel()
-            self._killer = None
-        self.proc = None
+        with self._stop_lock:  # no stop arms a timer for a pid that is no longer its own
+            self.proc = None
+            for timer in (self._spreader, self._killer):
+                if timer is not None:
+                    timer.cancel()
+            self._killer = self._spreader = None
         return Outcome(exit_code_of(returncode), tail, self.terminating)
 
+    def stop_window(self):
+        """The seconds the ranks get between the stop notice and the SIGKILL:
+        the grace, less what `train` keeps for itself (reserve_seconds)."""
+        return max(0.0, self.grace_seconds - self.reserve_seconds)
+
     def terminate(self, sig=signal.SIGTERM):
-        """Forward `sig` to the running tree, SIGKILL it after the grace period.
+        """Stop the running tree with `sig`, SIGKILL after the stop window.
         A runner may set `on_terminate` to stop its job its own way (the MPI
         master stops the ranks on every host, not mpirun). Returns False when
         nothing runs that could be stopped."""
@@ -176,7 +213,7 @@ class Supervisor:
         if self.on_terminate is not None:
             self.on_terminate(sig)
         else:
-            self.stop(sig, self.grace_seconds)
+            self.stop(sig, self.stop_window())
         return True
 
     def dump_stacks(self):
@@ -201,22 +238,55 @@ class Supervisor:
                 pass
 
     def stop(self, sig, grace):
-        """Send `sig` to the running tree now and SIGKILL to what is left of
-        it after `grace` seconds (the earliest such deadline wins)."""
-        proc = self.proc
-        if proc is None:
-            return
-        proctree.signal_tree(proc.pid, sig, pgid=proc.pid, exclude=self._not_ours)
-        if self._killer is None:
-            self._killer = KillTimer(lambda: self._kill(proc))
-        self._killer.arm(grace)
+        """Stop the running tree: `sig` now to its main process (and on down
+        through the processes that do not handle it), to the rest of the
+        tree TREE_LEAD_S (at most half of `grace`) before `grace` ends,
+        SIGKILL to what is left when it ends. Only the first call signals:
+        a later one can only bring both deadlines forward (an abort after a
+        stop request)."""
+        with self._stop_lock:
+            proc = self.proc
+            if proc is None:
+                return
+            if self._stop_sig is None:
+                if proc.returncode is not None:
+                    return  # reaped (its pid may be another's): wait() ends what it left
+                self._stop_sig = sig
+                self._spreader = KillTimer(self._signal_rest)
+                self._killer = KillTimer(lambda: self._kill(proc))
+                self._signal(proctree.notice_targets(proc.pid, sig, self._not_ours), sig)
+            # None in a signal handler's stop that interrupted the first one
+            # before it made its timers: the first arms them.
+            if self._killer is not None:
+                self._spreader.arm(max(0.0, grace - min(TREE_LEAD_S, grace / 2)))
+                self._killer.arm(grace)
+
+    def _signal(self, pids, sig):
+        """`sig` to each of `pids` that this stop has not signalled yet."""
+        with self._stop_lock:
+            for pid in pids:
+                if pid in self._noticed:
+                    continue
+                self._noticed.add(pid)
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+
+    def _signal_rest(self):
+        """The stop's second stage: its signal to every process of the tree
+        that the notice left out."""
+        self._signal(self._leftovers(), self._stop_sig)
 
     def _kill(self, proc):
         proctree.signal_tree(proc.pid, signal.SIGKILL, pgid=proc.pid, exclude=self._not_ours)
 
     def _end_leftovers(self, main_pid):
         """The main process has exited; end whatever it left behind: its
-        process group and any descendant that escaped into its own session."""
+        process group and any descendant that escaped into its own session.
+        In a stop, the processes that took its notice with a handler (a rank
+        whose shell died of it) first get until the SIGKILL to end, their
+        children with them, and no process gets the signal twice."""
         try:
             os.killpg(main_pid, 0)
             group_alive = True
@@ -224,7 +294,11 @@ class Supervisor:
             group_alive = False
         if not group_alive and not self._leftovers():
             return
-        proctree.signal_tree(main_pid, signal.SIGTERM, pgid=main_pid, exclude=self._not_ours)
+        if self._stop_sig is None:
+            proctree.signal_tree(main_pid, signal.SIGTERM, pgid=main_pid, exclude=self._not_ours)
+        else:
+            self._await_notice_holders()
+            self._signal(self._leftovers(), signal.SIGTERM)
 
         def settled():
             proctree.reap_leftovers(self._not_ours)
@@ -237,6 +311,22 @@ class Supervisor:
 
     def _leftovers(self):
         return proctree.descendants(os.getpid(), self._not_ours)
+
+    def _await_notice_holders(self):
+        """Until no process that handles the stop's notice it was given is
+        alive, or the SIGKILL is due."""
+        killer = self._killer
+        left = killer.seconds_left() if killer is not None else None
+        if not left:
+            return
+
+        def holders():
+            proctree.reap_leftovers(self._not_ours)
+            return [pid for pid in list(self._noticed) if proctree.alive(pid)
+                    and proctree.handles_signal(pid, self._stop_sig)]
+
+        # A later stop may bring the SIGKILL forward.
+        backoff.wait_until(lambda: not killer.seconds_left() or not holders(), left)
 
 
 class Terminated(Exception):
