@@ -262,8 +262,9 @@ def run_job(argv=()):
         if hook:
             error = FrameworkError(hook, sys.exc_info()[1], traceback.format_exc())
         else:
-            error = InternalError("unexpected error in training-toolkit (please report it):\n%s"
-                                  % traceback.format_exc())
+            error = InternalError("unexpected error in training-toolkit (please report it): "
+                                  "%s\n%s" % (traceback.format_exception_only(
+                                      *sys.exc_info()[:2])[-1].strip(), traceback.format_exc()))
         return _fail(job, error)
 
 

@@ -26,6 +26,9 @@ class EveryFile:
     # Several hosts upload under one prefix: an object replaced by another
     # host's upload of the same name is the last writer's, not a loss to repair.
     shared_prefix = False
+    # A file that failed MAX_ATTEMPTS times waits for its next change, or the
+    # drain, unless the tree keeps retrying it (at the longest backoff).
+    keep_retrying = False
 
     def ready(self, root, rel):
         """Whether `rel` may go up now (its content is complete)."""

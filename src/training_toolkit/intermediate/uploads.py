@@ -294,19 +294,25 @@ class Uploads:
         if self._manager is None:
             self._waiting.add(rel)
             return
-        if os.path.lexists(os.path.join(self.root, rel)):  # else a delete, which may go now
+        path = os.path.join(self.root, rel)
+        if os.path.lexists(path):  # else a delete, which may go now
             if not self.rules.ready(self.root, rel):
                 return  # its unit is not complete yet: the marker brings it
             unit = self.rules.waits_for(rel)
-            if unit is not None and not self._unit_settled(unit, but=rel):
-                self._held[rel] = unit
-                return
+            if unit is not None:
+                self._want_unit(unit, but=rel)  # the rest of it first, whatever the order
+                if not self._unit_settled(unit, but=rel):
+                    self._held[rel] = unit
+                    return
         self._held.pop(rel, None)
         f = self._files.get(rel)
         if f is None:
             f = self._files[rel] = _File()
         if f.busy:
-            f.dirty = True
+            try:  # an event for the very content in flight needs no second upload
+                f.dirty = f.dirty or signature(os.stat(path)) != f.submit_sig
+            except OSError:
+                f.dirty = True
             return
         f.failed = False
         f.attempts = 0 if f.retry_at is None else f.attempts
@@ -321,6 +327,16 @@ class Uploads:
         under = rel + "/"
         for known in [k for k in self._files if k == rel or k.startswith(under)]:
             self.want(known)
+
+    def _want_unit(self, unit, but):
+        """Want every file under `unit` (but `but`) that is not in S3 as it
+        is now, nor on its way there."""
+        top = os.path.join(self.root, unit)
+        for dirpath, _, names in os.walk(top):
+            for name in names:
+                rel = os.path.relpath(os.path.join(dirpath, name), self.root).replace(os.sep, "/")
+                if rel != but and self.changed(rel):
+                    self.want(rel)
 
     def _unit_settled(self, unit, but=None):
         """Nothing of `unit` (but `but`) is on its way up, waiting for a
@@ -438,6 +454,7 @@ class Uploads:
     def _submit_delete(self, rel, f):
         f.gen += 1
         f.dirty = False
+        f.submit_sig = None  # the file back meanwhile goes up again
         f.deleting, f.multipart = True, False
         f.upload_result = f.hash_result = None
         self._set_busy(rel, f, True)
@@ -516,7 +533,7 @@ class Uploads:
             self._status.record_error(result, "uploading %s failed (attempt %d)"
                                       % (rel, f.attempts))
             self._status.add(failures=1)
-            if self._stopping() or f.attempts < MAX_ATTEMPTS:
+            if self._stopping() or f.attempts < MAX_ATTEMPTS or self.rules.keep_retrying:
                 delay = backoff.nth_delay(f.attempts, *self.backoff_s)
                 self._set_retry(rel, f, time.monotonic() + delay)
             else:
@@ -548,7 +565,7 @@ class Uploads:
         f.attempts += 1
         self._status.record_error(result, "deleting %s failed (attempt %d)" % (rel, f.attempts))
         self._status.add(failures=1)
-        if self._stopping() or f.attempts < MAX_ATTEMPTS:
+        if self._stopping() or f.attempts < MAX_ATTEMPTS or self.rules.keep_retrying:
             self._set_retry(rel, f, time.monotonic() + backoff.nth_delay(f.attempts,
                                                                          *self.backoff_s))
         else:

@@ -29,9 +29,8 @@ class TreeWatcher:
     """Watches `root` and calls `want(rel)` for each file to upload, and
     `gone(rel)` for each file deleted or moved away. A rescan wants only the
     files for which `changed(rel)` is true (they differ from what went up);
-    `record_error(err, what)` hears of what cannot be watched. A file that
-    `rules` (intermediate.rules) says waits for its unit has the unit
-    rescanned first, so that the unit's files are wanted before it."""
+    `record_error(err, what)` hears of what cannot be watched; `rules`
+    (intermediate.rules) say which deleted file goes first (a marker)."""
 
     def __init__(self, root, want, changed, record_error, rescan_s=RESCAN_S, gone=None,
                  rules=None):
@@ -194,13 +193,11 @@ class TreeWatcher:
                 except OSError:
                     pass
         waits_for = self._rules.waits_for if self._rules else (lambda rel: None)
+        for rel, want in wanted.items():
+            if want:
+                self._want(rel)  # a marker brings the rest of its unit first (Uploads.want)
         # A marker deleted goes first: S3 never holds a half-deleted unit
         # that still looks complete.
-        for rel, want in sorted(wanted.items(), key=lambda item: waits_for(item[0]) is None):
-            if want:
-                unit = waits_for(rel)
-                if unit is not None:
-                    self.add_tree(unit, rescan=True)
-                self._want(rel)
-            else:
-                self._gone(rel)
+        for rel in sorted((rel for rel, want in wanted.items() if not want),
+                          key=lambda rel: waits_for(rel) is None):
+            self._gone(rel)
