@@ -333,7 +333,7 @@ class Checkpoints:
 
     def noticed(self, at_wall):
         """A stop notice came at `at_wall` (time.time())."""
-        if self._state["preemption"] is None:
+        if self._state["preemption"] is None and self.settings.mode != "off":
             self._state["preemption"] = {"notice_at": at_wall}
 
     def finish(self, snapshot):
@@ -366,6 +366,14 @@ class Checkpoints:
                               if written is not None else None),
                 flushed=bool(snapshot and snapshot.get("state") in ("complete", "unverified")))
         self._state.update(newest=newest, durable=durable)
+        if preemption is not None:
+            log.info("checkpoints: stop notice at %s; the newest checkpoint %s %s; %s s of work "
+                     "lost; uploads %s" % (
+                         time.strftime("%H:%M:%S", time.localtime(preemption["notice_at"])),
+                         newest or "(none)", {True: "is durable", False: "is NOT durable",
+                                              None: "was not checked"}[durable],
+                         "?" if preemption["lost_seconds"] is None else preemption["lost_seconds"],
+                         "flushed" if preemption["flushed"] else "not flushed"))
         if durable is False:
             log.error("checkpoints: the newest checkpoint %s is not in %s%s" % (
                 newest, s.s3_uri, "" if s.mode == "verify" else " (see status.json's "
