@@ -459,30 +459,45 @@ def alive(pid):
     return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] != b"Z"
 
 
-def descends_from(name, pid=None):
-    """Whether a process named `name` (its comm) is an ancestor of `pid`
-    (this process)."""
+def ancestor_named(name, pid=None):
+    """The nearest ancestor of `pid` (this process) whose comm is `name`, or None."""
     pid = os.getpid() if pid is None else pid
-    seen = set()
+    start, seen = pid, set()
     while pid > 1 and pid not in seen:
         seen.add(pid)
         try:
             with open("/proc/%d/stat" % pid, "rb") as f:
                 stat = f.read()
         except OSError:
-            return False
+            return None
         comm = stat[stat.find(b"(") + 1:stat.rfind(b")")]
-        if pid != os.getpid() and comm.decode("utf-8", "replace") == name:
-            return True
+        if pid != start and comm.decode("utf-8", "replace") == name:
+            return pid
         pid = int(stat[stat.rfind(b")") + 2:].split()[1])
-    return False
+    return None
+
+
+def descends_from(name, pid=None):
+    """Whether a process named `name` (its comm) is an ancestor of `pid`
+    (this process)."""
+    return ancestor_named(name, pid) is not None
 
 
 def signalled_by_slurm():
-    """Whether Slurm signals this process itself: it runs in a step (under a
-    slurmstepd), whose every process gets scancel's and --signal's signals,
-    so passing one on would deliver it twice."""
-    return descends_from("slurmstepd")
+    """Whether Slurm signals this process itself: it runs in a job step
+    (under a slurmstepd `[job.step]`, srun's), whose every process gets
+    scancel's and --signal's signals, so passing one on would deliver it
+    twice. Not in the batch step (`[job.batch]`): `--signal=B:` and
+    `scancel -b` signal the batch shell alone."""
+    stepd = ancestor_named("slurmstepd")
+    if stepd is None:
+        return False
+    try:
+        with open("/proc/%d/cmdline" % stepd, "rb") as f:
+            title = f.read()
+    except OSError:
+        return True
+    return b".batch]" not in title
 
 
 def kill_tree(pid, sig):

@@ -357,7 +357,8 @@ class Checkpoints:
         preemption = self._state["preemption"]
         if preemption is not None:
             # The newest checkpoint here, when it is in S3; else the last one seen to go up.
-            written = units[newest] if durable else last["written_at"] if last else None
+            written = (units[newest] if durable and newest is not None
+                       else last["written_at"] if last else None)
             preemption.update(
                 checkpoint_durable_at=(
                     last["durable_at"] if last and (not durable or last["name"] == newest)

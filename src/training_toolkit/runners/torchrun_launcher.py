@@ -69,9 +69,13 @@ def forward_to_children(signum, _frame):
     me, pid = os.getpid(), os.getppid()
     try:
         while pid > 1:
-            comm, pid = _stat(pid)
-            if comm == b"slurmstepd":
-                return
+            comm, parent = _stat(pid)
+            if comm == b"slurmstepd":  # a job step's, not the batch step's (its shell alone)
+                with open("/proc/%d/cmdline" % pid, "rb") as f:
+                    if b".batch]" not in f.read():
+                        return
+                break
+            pid = parent
     except (OSError, ValueError, IndexError):
         pass
     for name in os.listdir("/proc"):
