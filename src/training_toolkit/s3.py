@@ -1,6 +1,7 @@
-"""The package's one S3 client, for the code fetch and the intermediate output.
+"""The package's one S3 client, for the code fetch, the intermediate output
+and the checkpoints.
 
-Both make their client here, so that the endpoint, the region and the socket
+Each makes its client here, so that the endpoint, the region and the socket
 timeouts are found the same way: S3_ENDPOINT_URL, AWS_REGION or
 AWS_DEFAULT_REGION (else us-east-1), and TRAINING_TOOLKIT_S3_TIMEOUT_S.
 boto3 is imported only when a client is made.

@@ -5,30 +5,28 @@ Files below MULTIPART_THRESHOLD go up with one PutObject each, from a pool of
 CONCURRENCY threads: read once, hashed, and exactly those bytes sent. Larger
 files go through boto3's transfer manager (s3transfer), multipart,
 CONCURRENCY parts at a time, each part read once into memory from a
-`SizedReader` and hashed as it is read (the multipart ETag of exactly the
-bytes sent). Never by file name: s3transfer would then announce each part's
-length from the size at submission and read the part while it sends it, so
-a file truncated meanwhile (rewritten in place) sent a body shorter than its
-Content-Length, and the request waited for the rest until the socket
-timeout. botocore retries transient errors; a file that still fails is
-tried again later with a backoff. One file has at most one upload in flight; a file changed while it
-uploads is uploaded again afterwards, so the object ends with the file's
-last content. The tree's rules (intermediate.rules) say which files may go
-up yet, which wait for the rest of their unit (a completeness marker goes up
-last), and whether a local delete deletes the object: a delete then takes a
-file's turn as an upload would, with the same retries.
+`reader.SizedReader` and hashed as it is read. botocore retries transient
+errors; a file that still fails is tried again later with a backoff. One
+file has at most one upload in flight; a file changed while it uploads is
+uploaded again afterwards, so the object ends with the file's last content.
+The tree's rules (intermediate.rules) say which files may go up yet, which
+wait for the rest of their unit (a completeness marker goes up last), and
+whether a local delete deletes the object: a delete then takes a file's
+turn as an upload would, with the same retries.
 
 The state is the sync thread's alone: the upload workers and the transfer
 manager's callbacks only post their results, which `handle_messages` takes
-on that thread.
+on that thread (the requests themselves are in `requests`).
 """
 import collections
 import os
 import time
 
 from .. import backoff, s3
+from .reader import FileShrank, SizedReader
+from .requests import CHANGED, Requests
 from .rules import EveryFile
-from .verify import MULTIPART_CHUNKSIZE, MULTIPART_THRESHOLD, PartDigests, part_size, signature
+from .verify import MULTIPART_CHUNKSIZE, MULTIPART_THRESHOLD, signature
 
 # Concurrent S3 requests: whole small files, or parts of large ones.
 CONCURRENCY = 10
@@ -40,66 +38,6 @@ REQUEST_ATTEMPTS = 3
 MAX_ATTEMPTS = 5
 FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 8.0
-# An upload result: the file changed while it was read (it goes up again).
-CHANGED = "changed while reading"
-
-
-class FileShrank(Exception):
-    """A file had fewer bytes than when its upload began: it is being
-    rewritten, and goes up again once it is written."""
-
-
-class SizedReader:
-    """A large file as the transfer manager reads it: opened once, its size
-    fixed by the fstat() of that open (`signature`), read in order, each read
-    whole or FileShrank, and hashed as it is read (`etag()`, once every byte
-    was read)."""
-
-    def __init__(self, path):
-        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        st = os.fstat(self._fd)
-        self.signature = signature(st)
-        self.size = st.st_size
-        self._pos = 0
-        self._digests = PartDigests(part_size(self.size))
-
-    def readable(self):
-        return True
-
-    def seekable(self):
-        return True
-
-    def tell(self):
-        return self._pos
-
-    def seek(self, offset, whence=os.SEEK_SET):
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self.size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def read(self, size=-1):
-        want = self.size - self._pos if size is None or size < 0 else size
-        want = max(0, min(want, self.size - self._pos))
-        chunks, got = [], 0
-        while got < want:
-            chunk = os.pread(self._fd, want - got, self._pos + got)
-            if not chunk:
-                raise FileShrank("%d bytes where %d were" % (self._pos + got, self.size))
-            chunks.append(chunk)
-            got += len(chunk)
-        data = b"".join(chunks)
-        self._digests.feed(self._pos, data)
-        self._pos += got
-        return data
-
-    def etag(self):
-        """The multipart ETag of what was read, or None before the end."""
-        return self._digests.etag() if self._digests.offset == self.size else None
-
-    def close(self):
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
 
 
 class _File:
@@ -162,6 +100,7 @@ class Uploads:
         self._messages = collections.deque()  # results from the upload threads
         self._manager = None
         self._putter = None
+        self._requests = None
 
     def set_up(self, endpoint_url, region, timeout_s):
         """Make the S3 client, the transfer manager and the worker pools, and
@@ -200,6 +139,7 @@ class Uploads:
 
         self._Done = Done
         self.client = client
+        self._requests = Requests(client, self.bucket, self.prefix, self._post)
         self._putter = ThreadPoolExecutor(max_workers=CONCURRENCY,
                                           thread_name_prefix="intermediate-put")
         self._manager = TransferManager(client, config)
@@ -437,9 +377,9 @@ class Uploads:
         gen = f.gen
         try:
             if checking:
-                self._putter.submit(self._check_object, rel, gen, candidate)
+                self._putter.submit(self._requests.check_object, rel, gen, candidate)
             elif reader is None:
-                self._putter.submit(self._put_small, rel, gen, path)
+                self._putter.submit(self._requests.put_small, rel, gen, path)
             else:
                 self._manager.upload(reader, self.bucket, self.prefix + rel,
                                      subscribers=[self._Done(rel, gen, reader)])
@@ -460,53 +400,11 @@ class Uploads:
         self._set_busy(rel, f, True)
         self._idle.clear()
         try:
-            self._putter.submit(self._delete_object, rel, f.gen)
+            self._putter.submit(self._requests.delete, rel, f.gen)
         except Exception as err:  # noqa: BLE001 - e.g. an executor refusing new work
             self._set_busy(rel, f, False)
             f.deleting = False
             self._status.record_error(err, "deleting %s failed" % rel)
-
-    def _delete_object(self, rel, gen):
-        try:
-            self.client.delete_object(Bucket=self.bucket, Key=self.prefix + rel)
-            self._post(("upload", rel, gen, True))
-        except Exception as err:  # noqa: BLE001 - reported, never raised here
-            self._post(("upload", rel, gen, err))
-
-    def _put_small(self, rel, gen, path):
-        """A file below the multipart threshold: one read, hashed, one PUT of
-        exactly those bytes."""
-        import hashlib
-
-        try:
-            with open(path, "rb") as fh:
-                before = signature(os.fstat(fh.fileno()))
-                data = fh.read(before[0] + 1)  # never more than it was (it may be growing)
-            if len(data) != before[0]:
-                self._post(("upload", rel, gen, CHANGED))
-                return
-            etag = hashlib.md5(data, usedforsecurity=False).hexdigest()
-            self.client.put_object(Bucket=self.bucket, Key=self.prefix + rel, Body=data)
-            self._post(("hash", rel, gen, (before, etag)))
-            self._post(("upload", rel, gen, True))
-        except Exception as err:  # noqa: BLE001 - reported, never raised here
-            self._post(("upload", rel, gen, err))
-
-    def _check_object(self, rel, gen, candidate):
-        """Whether S3 already holds `candidate`'s content (size and ETag);
-        if not, the file is uploaded again at once."""
-        try:
-            head = self.client.head_object(Bucket=self.bucket, Key=self.prefix + rel)
-            same = (head["ContentLength"] == candidate[0][0]
-                    and head["ETag"].strip('"') == candidate[1])
-        except Exception:  # noqa: BLE001 - not there, or S3 unreachable: upload it
-            same = False
-        if same:
-            self._post(("hash", rel, gen, candidate))
-            self._post(("upload", rel, gen, True))
-        else:
-            self._post(("hash", rel, gen, ValueError("not in S3")))
-            self._post(("upload", rel, gen, CHANGED))
 
     def _settle(self, rel, f):
         """An upload (and its hash) has ended: record it, and decide whether
