@@ -22,10 +22,11 @@ setup(
     package_data={"training_toolkit.resilience": ["boot/sitecustomize.py"]},
     python_requires=">=3.9",
     install_requires=[
-        "boto3",       # S3: code fetch (s3:// code) and intermediate output (sagemaker_s3_output),
-                       # imported only then; uploads use its transfer manager (s3transfer)
-        # Intermediate output: inotify for the watch of output/intermediate/, imported only when
-        # sagemaker_s3_output is set. A thin ctypes wrapper (the reference's choice), no new
+        "boto3",       # S3: code fetch (s3:// code), intermediate output (sagemaker_s3_output) and
+                       # checkpoints (TRAINING_TOOLKIT_CHECKPOINT_S3_URI), imported only then;
+                       # uploads and restores use its transfer manager (s3transfer)
+        # Intermediate output and checkpoints: inotify for the watch of their trees, imported
+        # only when they are synced. A thin ctypes wrapper (the reference's choice), no new
         # C code of ours; watchdog would bring threads and polling we do not need.
         "inotify_simple>=1.2",
         # Code fetch: ISA-L's gzip (igzip) decompresses code archives several times faster than
