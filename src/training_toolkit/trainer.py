@@ -352,11 +352,13 @@ def _succeed(job):
             "checkpoints)" % (note, params.CHECKPOINT_STRICT_ENV)))
     requeue = _requeue_code(job)
     if requeue is not None:  # saved and ended after SIGUSR1: not done, to be run again
+        newest = checkpoints.status().get("newest")
         return _fail(job, ClientError(
-            "the job ended after a stop notice with its newest checkpoint %s durable in %s; "
-            "%s=%d asks the orchestrator to run it again" % (
-                checkpoints.status().get("newest"), checkpoints.settings.s3_uri,
-                params.REQUEUE_EXIT_CODE_ENV, requeue), exit_code=requeue))
+            "the job ended after a stop notice, %s; %s=%d asks the orchestrator to run it "
+            "again" % ("its newest checkpoint %s durable in %s" % (
+                newest, checkpoints.settings.s3_uri) if newest else "with no checkpoint of "
+                "its own on this host", params.REQUEUE_EXIT_CODE_ENV, requeue),
+            exit_code=requeue))
     try:
         job.reporter.succeeded()
     except OutputWriteError as error:  # never exit 0 without `success`
