@@ -10,7 +10,7 @@ handles it is trusted with its own children (DataLoader workers, helpers),
 which it may still need while it saves its state (notice_targets). What the
 notice left out gets the signal later, from the Supervisor.
 
-One concern in about 510 lines: starting a process so that it can be ended
+One concern in about 530 lines: starting a process so that it can be ended
 (its session, its parent-death signal) and ending its tree are the two halves
 of that one promise, and each trivial job imports this one module of the base
 layer on its path (test/test_import_budget.py), not two."""
@@ -424,6 +424,19 @@ def notice_targets(main_pid, sig, exclude=()):
                 out.append(child)
                 queue.append(child)
     return out
+
+
+def signal_once(pids, sig, signalled):
+    """`sig` to each of `pids` not in `signalled` (a set, updated): a stop
+    reaches each process once, however many paths ask for it."""
+    for pid in pids:
+        if pid in signalled:
+            continue
+        signalled.add(pid)
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
 
 
 def signal_tree(root_pid, sig, pgid=None, exclude=()):

@@ -143,10 +143,10 @@ def _open_checkpoints(job, env):
     os.environ[params.CHECKPOINT_DIR_ENV] = settings.local_dir
     wing = checkpoints.Checkpoints(settings, os.environ.get(params.S3_ENDPOINT_ENV) or None,
                                    env.region)
-    if settings.mode != "off":
-        with job.reporter.span("checkpoint_restore"):
-            wing.open()
-    else:
+    import contextlib
+
+    with (job.reporter.span("checkpoint_restore") if settings.mode != "off"
+          else contextlib.nullcontext()):
         wing.open()
     job.checkpoints = wing
     job.reporter.set(checkpoints=wing.status())

@@ -16,7 +16,8 @@ turn as an upload would, with the same retries.
 
 The state is the sync thread's alone: the upload workers and the transfer
 manager's callbacks only post their results, which `handle_messages` takes
-on that thread (the requests themselves are in `requests`).
+on that thread (the requests themselves are in `requests`). One concern in
+about 470 lines: every method reads or changes that one per-file state.
 """
 import collections
 import os

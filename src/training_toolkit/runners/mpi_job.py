@@ -233,14 +233,8 @@ class MpiJob:
                 proctree.kill_tree(wrapper, sig)
                 proctree.kill_tree(program, sig)
                 continue
-            target = wrapper if proctree.alive(wrapper) else program
-            if target in self._noticed:
-                continue
-            self._noticed.add(target)
-            try:
-                os.kill(target, sig)
-            except OSError:
-                pass
+            proctree.signal_once([wrapper if proctree.alive(wrapper) else program], sig,
+                                 self._noticed)
 
     def _stop_local_ranks(self, sig, grace):
         self._signal_local_ranks(sig)

@@ -264,14 +264,7 @@ class Supervisor:
     def _signal(self, pids, sig):
         """`sig` to each of `pids` that this stop has not signalled yet."""
         with self._stop_lock:
-            for pid in pids:
-                if pid in self._noticed:
-                    continue
-                self._noticed.add(pid)
-                try:
-                    os.kill(pid, sig)
-                except OSError:
-                    pass
+            proctree.signal_once(pids, sig, self._noticed)
 
     def _signal_rest(self):
         """The stop's second stage: its signal to every process of the tree
