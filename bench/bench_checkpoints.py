@@ -64,6 +64,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import common  # noqa: E402
+import bench_intermediate  # noqa: E402
 from bench_intermediate import RecordingServer, pct  # noqa: E402
 from s3_fixtures import (FAKE_AWS_ENV, _die_with_parent, _free_port,  # noqa: E402
                          _wait_until_answering, fake_aws_env)
@@ -250,19 +251,11 @@ def failure_text(base):
 
 
 def list_prefix(client, prefix):
-    """key (less `prefix`) -> its listing entry (bench_intermediate's, for BUCKET here)."""
-    found = {}
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
-        for obj in page.get("Contents", ()):
-            found[obj["Key"][len(prefix):]] = obj
-    return found
+    return bench_intermediate.list_prefix(client, prefix, BUCKET)
 
 
 def delete_prefix(client, prefix):
-    keys = list(list_prefix(client, prefix))
-    for i in range(0, len(keys), 1000):
-        client.delete_objects(Bucket=BUCKET, Delete={
-            "Objects": [{"Key": prefix + k} for k in keys[i:i + 1000]], "Quiet": True})
+    bench_intermediate.delete_prefix(client, prefix, BUCKET)
 
 
 def s3_client():
@@ -542,14 +535,18 @@ def scenario_restore(args, client):
     print("  source: %d objects, %.3f GB" % (objects, total / 1e9), file=sys.stderr, flush=True)
     extras = {"wall": [], "restore": [], "plain_train": []}
 
-    def ours():
-        root, base, env, _ = job("restore", TRIVIAL_JOB, prefix=prefix)
+    def timed_train(what, env, base):
         t = time.perf_counter()
         code = subprocess.call(train_argv(), env=env, stdin=subprocess.DEVNULL,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wall = time.perf_counter() - t
         if code != 0:
-            raise SystemExit("restore: train exited %d\n%s" % (code, failure_text(base)))
+            raise SystemExit("%s: train exited %d\n%s" % (what, code, failure_text(base)))
+        return wall
+
+    def ours():
+        root, base, env, _ = job("restore", TRIVIAL_JOB, prefix=prefix)
+        wall = timed_train("restore", env, base)
         ckpt = status_of(base).get("checkpoints", {})
         restored = ckpt.get("restore") or {}
         if restored.get("files") != objects or restored.get("bytes") != total:
@@ -563,12 +560,7 @@ def scenario_restore(args, client):
 
     def plain_train():
         root, base, env, _ = job("plain", TRIVIAL_JOB, checkpoints=False)
-        t = time.perf_counter()
-        code = subprocess.call(train_argv(), env=env, stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wall = time.perf_counter() - t
-        if code != 0:
-            raise SystemExit("plain train exited %d\n%s" % (code, failure_text(base)))
+        wall = timed_train("plain train", env, base)
         shutil.rmtree(root, ignore_errors=True)
         return wall
 

@@ -240,18 +240,19 @@ def prefix_of(job_name):
     return "out/%s/output/intermediate/" % job_name
 
 
-def list_prefix(client, prefix):
+def list_prefix(client, prefix, bucket=BUCKET):
+    """key (less `prefix`) -> its listing entry."""
     found = {}
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", ()):
             found[obj["Key"][len(prefix):]] = obj
     return found
 
 
-def delete_prefix(client, prefix):
-    keys = list(list_prefix(client, prefix))
+def delete_prefix(client, prefix, bucket=BUCKET):
+    keys = list(list_prefix(client, prefix, bucket))
     for i in range(0, len(keys), 1000):
-        client.delete_objects(Bucket=BUCKET, Delete={
+        client.delete_objects(Bucket=bucket, Delete={
             "Objects": [{"Key": prefix + k} for k in keys[i:i + 1000]], "Quiet": True})
 
 
