@@ -44,6 +44,7 @@ from training_toolkit.rehearsal.namespaces import pick_subnet
 from training_toolkit.rehearsal.orchestrated import base_environment, container_command
 from training_toolkit.rehearsal.podplan import plan
 from training_toolkit.rehearsal.simcluster import SimCluster
+from test_checkpoints import objects
 from test_slurm import (HOSTS, KILL_WAIT, TRAIN, _job_state, _job_tree, _tail, _workdir,
                         running_slurm)
 
@@ -51,20 +52,32 @@ MARKER = "COMPLETE"
 REQUEUE_CODE = 85
 
 
-def _objects(endpoint, bucket, prefix):
-    """{relative key: bytes} of every object under `prefix`."""
-    client = s3_client(endpoint)
-    found = {}
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        for obj in page.get("Contents", ()):
-            found[obj["Key"][len(prefix):]] = client.get_object(
-                Bucket=bucket, Key=obj["Key"])["Body"].read()
-    return found
-
-
 def _bucket(endpoint, name):
     s3_client(endpoint).create_bucket(Bucket=name)
     return name
+
+
+def _slurm_job(slurm, s3_server, name, batch, **extra_env):
+    """A bucket of its own, the job's work dir with SLURM_TASK and its batch
+    script, and the job's variables (S3 through the cluster's gateway):
+    (bucket, work dir, job tree base, batch script, env)."""
+    gateway, port = slurm.sim.expose(int(s3_server.rsplit(":", 1)[1]))
+    bucket = _bucket(s3_server, "%s-%d" % (name, os.getpid()))
+    d = _workdir(slurm, name)
+    with open(os.path.join(d, "t.py"), "w") as f:
+        f.write(SLURM_TASK)
+    base = "/opt/ml/jobs/" + name
+    script = os.path.join(d, "job.sh")
+    with open(script, "w") as f:
+        f.write(batch % {"base": base, "train": TRAIN})
+    env = {"OUT": d, "DUPLICATE_SETTLE_S": str(DUPLICATE_SETTLE_S),
+           "TRAINING_TOOLKIT_RUNNER": "process",
+           "S3_ENDPOINT_URL": "http://%s:%d" % (gateway, port),
+           "TRAINING_TOOLKIT_S3_TIMEOUT_S": "5",
+           "TRAINING_TOOLKIT_CHECKPOINT_S3_URI": "s3://%s/ckpt" % bucket,
+           "TRAINING_TOOLKIT_CHECKPOINT_COMPLETE": MARKER}
+    env.update(extra_env)
+    return bucket, d, base, script, env
 
 
 def _read_json(path):
@@ -247,23 +260,9 @@ def test_slurm_requeue_after_sigusr1_restores_and_resumes(slurm_requeue_exit, s3
       the saved step (its state as saved) and resumes at step + 1; the job
       ends COMPLETED 0:0 after one restart."""
     slurm = slurm_requeue_exit
-    moto_port = int(s3_server.rsplit(":", 1)[1])
-    gateway, port = slurm.sim.expose(moto_port)
-    bucket = _bucket(s3_server, "ckpt-slurm-%d" % os.getpid())
-    d = _workdir(slurm, "ckpt-requeue")
-    with open(os.path.join(d, "t.py"), "w") as f:
-        f.write(SLURM_TASK)
-    base = "/opt/ml/jobs/ckpt-requeue"
-    script = os.path.join(d, "job.sh")
-    with open(script, "w") as f:
-        f.write(SLURM_BATCH % {"base": base, "train": TRAIN})
-    env = {"OUT": d, "DUPLICATE_SETTLE_S": str(DUPLICATE_SETTLE_S),
-           "TRAINING_TOOLKIT_RUNNER": "process",
-           "S3_ENDPOINT_URL": "http://%s:%d" % (gateway, port),
-           "TRAINING_TOOLKIT_S3_TIMEOUT_S": "5",
-           "TRAINING_TOOLKIT_CHECKPOINT_S3_URI": "s3://%s/ckpt" % bucket,
-           "TRAINING_TOOLKIT_CHECKPOINT_COMPLETE": MARKER,
-           "TRAINING_TOOLKIT_REQUEUE_EXIT_CODE": str(REQUEUE_CODE)}
+    bucket, d, base, script, env = _slurm_job(
+        slurm, s3_server, "ckpt-requeue", SLURM_BATCH,
+        TRAINING_TOOLKIT_REQUEUE_EXIT_CODE=str(REQUEUE_CODE))
     proc = slurm.sbatch(["--parsable", "--requeue", "-N2", "-t", TIME_LIMIT,
                          "--signal=B:USR1@%d" % SIGNAL_AT, "--open-mode=append",
                          "--output=%s/out.%%j" % d, script], cwd=d, env=env)
@@ -310,7 +309,7 @@ def test_slurm_requeue_after_sigusr1_restores_and_resumes(slurm_requeue_exit, s3
         assert restore["checkpoint"] == "step-%d" % saved, (host, restore)
         assert "step-%d" % saved in restore["units"] and not restore["failed"], restore
     # What attempt 0 saved last is in S3 whole (attempt 1 added its own steps).
-    found = _objects(s3_server, bucket, "ckpt/")
+    found = objects(s3_server, bucket, "ckpt/")
     assert json.loads(found["step-%d/state.json" % saved]) == {
         "step": saved, "attempt": 0, "host": "algo-1"}
     assert found["step-%d/%s" % (saved, MARKER)] == b""
@@ -356,22 +355,7 @@ def test_slurm_batch_shell_train_passes_sigusr1_on_to_its_rank(slurm_requeue_exi
     every rank once"), as well as create the stop file. The rank saves at
     the notice and the job ends 0 with the step durable."""
     slurm = slurm_requeue_exit
-    moto_port = int(s3_server.rsplit(":", 1)[1])
-    gateway, port = slurm.sim.expose(moto_port)
-    bucket = _bucket(s3_server, "ckpt-slurm-exec-%d" % os.getpid())
-    d = _workdir(slurm, "ckpt-exec-train")
-    with open(os.path.join(d, "t.py"), "w") as f:
-        f.write(SLURM_TASK)
-    base = "/opt/ml/jobs/ckpt-exec-train"
-    script = os.path.join(d, "job.sh")
-    with open(script, "w") as f:
-        f.write(EXEC_BATCH % {"base": base, "train": TRAIN})
-    env = {"OUT": d, "DUPLICATE_SETTLE_S": str(DUPLICATE_SETTLE_S),
-           "TRAINING_TOOLKIT_RUNNER": "process",
-           "S3_ENDPOINT_URL": "http://%s:%d" % (gateway, port),
-           "TRAINING_TOOLKIT_S3_TIMEOUT_S": "5",
-           "TRAINING_TOOLKIT_CHECKPOINT_S3_URI": "s3://%s/ckpt" % bucket,
-           "TRAINING_TOOLKIT_CHECKPOINT_COMPLETE": MARKER}
+    bucket, d, base, script, env = _slurm_job(slurm, s3_server, "ckpt-exec-train", EXEC_BATCH)
     proc = slurm.sbatch(["--parsable", "-N1", "-w", "algo-1", "-t", TIME_LIMIT,
                          "--signal=B:USR1@%d" % SIGNAL_AT, "--output=%s/out.%%j" % d, script],
                         cwd=d, env=env)
@@ -589,7 +573,7 @@ def test_pytorchjob_pod_deletion_then_a_restart_in_place_restores(tmp_path, s3_s
         start_containers(0)
         deadline = time.monotonic() + 150
         while True:
-            keys = _objects(s3_server, bucket, "ckpt/")
+            keys = objects(s3_server, bucket, "ckpt/")
             durable = [n for n in range(DURABLE_STEPS) if all(
                 "step-%d/%s" % (n, f) in keys for f in (MARKER, "shard-0.pt", "shard-1.pt"))]
             if len(durable) == DURABLE_STEPS:
@@ -627,7 +611,7 @@ def test_pytorchjob_pod_deletion_then_a_restart_in_place_restores(tmp_path, s3_s
             assert ckpt["newest"] == "step-%d" % saved and ckpt["durable"] is True, (name, ckpt)
             assert ckpt["preemption"]["flushed"] is True, (name, ckpt)
             first[name] = status
-        keys = _objects(s3_server, bucket, "ckpt/")
+        keys = objects(s3_server, bucket, "ckpt/")
         for rank in (0, 1):
             assert "step-%d/shard-%d.pt" % (saved, rank) in keys, (saved, sorted(keys))
         assert keys["step-%d/%s" % (saved, MARKER)] == b"", sorted(keys)
