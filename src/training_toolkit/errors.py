@@ -179,6 +179,21 @@ class CheckpointNotDurableError(ToolkitError):
     exit_code = 74
 
 
+class NoProgressError(ClientError):
+    """Restarts in place made no progress (no higher heartbeat step, no newer
+    checkpoint) in TRAINING_TOOLKIT_MAX_NO_PROGRESS_RESTARTS attempts in a
+    row: "do not requeue" (NVIDIA's ft_launcher's code)."""
+
+    exit_code = 93
+
+
+class PreflightError(ClientError):
+    """A hard failure of the job's pre-flight (TRAINING_TOOLKIT_PREFLIGHT):
+    the message names the host and the check; no user process ran."""
+
+    exit_code = 202
+
+
 class SMTrainingCompilerConfigurationError(ConfigError):
     """The SageMaker Training Compiler is configured wrongly (the
     reference's name)."""

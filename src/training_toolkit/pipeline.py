@@ -204,6 +204,22 @@ def prepare(env, supervisor, reporter, uri=None, entry_point=None):
     _phase(reporter, "install", install_dependencies, env, supervisor)
 
 
+def preflight(env, reporter, again=False):
+    """TRAINING_TOOLKIT_PREFLIGHT (resilience/preflight.py): every host's
+    checks, decided job-wide, before the first user process (and, `again`,
+    before each restart: its basic checks only). A hard failure is a
+    PreflightError (202) on every host, naming the host and the check."""
+    if os.environ.get(params.PREFLIGHT_ENV, "").strip() in ("", "off"):
+        return
+    from .resilience import preflight as checks
+
+    settings = checks.settings_of(os.environ)
+    if settings is None:
+        return
+    with reporter.span("preflight"):
+        checks.run_for_job(settings, env, os.environ, reporter, basic_only=again)
+
+
 def launch(env, supervisor, reporter, entry_point=None, args=None, runner_type=None,
            env_vars=None, extra_opts=None, wait=True, command=None):
     """Run the prepared code; returns the Outcome of a successful run and
@@ -226,6 +242,7 @@ def launch(env, supervisor, reporter, entry_point=None, args=None, runner_type=N
     log.info("running %s (%s runner, %s): %s" % (
         entry_point or "the job", launch_plan.runner, launch_plan.role,
         command or "serving the master's ranks"))
+    preflight(env, reporter)
     outcome = _phase(reporter, "run", runner.run, launch_plan, supervisor, env, reporter)
     if outcome.hang is not None:
         reporter.set(hang=outcome.hang.status())

@@ -218,6 +218,10 @@ def run_job(argv=()):
             from .resilience.hang import settings_of
 
             settings_of(os.environ)
+        if os.environ.get(params.PREFLIGHT_ENV, "").strip() not in ("", "off"):
+            from .resilience.preflight import settings_of as preflight_settings
+
+            preflight_settings(os.environ)
         supervisor.grace_seconds = grace_seconds()
         pipeline.join_roster(paths, os.environ, reporter)
         env = Environment.read(paths)

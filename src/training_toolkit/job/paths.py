@@ -239,6 +239,21 @@ class JobPaths:
         """The heartbeat file of `rank` (TRAINING_TOOLKIT_HEARTBEAT_FILE)."""
         return self._join("toolkit", "heartbeats", "rank-%d" % rank)
 
+    @property
+    def preflight_file(self):
+        """This host's pre-flight results (TRAINING_TOOLKIT_PREFLIGHT)."""
+        return self._join("output", "data", "preflight.json")
+
+    @property
+    def resilience_file(self):
+        """One record per attempt of the job (restarts, pre-flight, preemption)."""
+        return self._join("output", "data", "resilience.json")
+
+    @property
+    def attempts_file(self):
+        """The attempt record where the job has no checkpoint dir in use."""
+        return self._join("toolkit", "attempts.json")
+
     def hang_dir(self, host):
         """Where this host's ranks' stacks go on a hang verdict (and, in a
         `sigquit-<time>` dir below, on SIGQUIT): in output/data, so the
