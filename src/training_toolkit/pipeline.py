@@ -10,9 +10,11 @@ the job tree had.
 """
 import os
 import stat
+import time
 
 from . import context, log, params
-from .errors import CodeNotFoundError, ConfigError, ExecuteUserScriptError, HangError
+from .errors import (ClusterError, CodeNotFoundError, ConfigError, ExecuteUserScriptError,
+                     HangError, NoProgressError)
 from .job.checks import check_requirements_file
 from .job.environment import Environment
 from .job.paths import entry_point_path, is_populated
@@ -220,6 +222,99 @@ def preflight(env, reporter, again=False):
         checks.run_for_job(settings, env, os.environ, reporter, basic_only=again)
 
 
+def run_attempts(env, supervisor, reporter, launch_plan, runner):
+    """Run the plan; with TRAINING_TOOLKIT_RESTARTS, again after a failed
+    attempt as the master decides (resilience/restarts.py): every host runs
+    its part again, after the backoff, in the same job tree. Returns the
+    last attempt's Outcome (its `next`: the decision that ended the job)."""
+    from .resilience.restarts import settings_of
+
+    settings = settings_of(os.environ)
+    if settings is None:
+        preflight(env, reporter)
+        return _phase(reporter, "run", runner.run, launch_plan, supervisor, env, reporter)
+    from .resilience.attempts import Attempts
+    from .resilience.restarts import Decision, decide
+
+    checkpoint_dir = os.environ.get(params.CHECKPOINT_DIR_ENV) or env.paths.checkpoints_dir
+    attempts = Attempts(env.paths, os.environ, env.current_host, checkpoint_dir,
+                        params.checkpoints_requested(os.environ)
+                        or os.path.exists(env.paths.checkpoint_config_file),
+                        "%s|%s" % (env.job_name, env.job_identity))
+    made = []  # the decision this host made (the master's, or a lone host's)
+
+    def decide_next(verdict):
+        failure = attempts.end(verdict["exit_code"], _cause(verdict, supervisor),
+                               verdict.get("failed_at"), verdict.get("learned_at"))
+        made.append(decide(settings, failure, attempts.history()))
+        return made[-1].to_message()
+
+    supervisor.decide_next = decide_next
+    reporter.set(restarts=settings.status())
+    try:
+        while True:
+            made.clear()
+            attempts.begin()
+            count = str(attempts.number)
+            for variables in (launch_plan.user_env, launch_plan.command and
+                              launch_plan.command.env):
+                if variables is not None:
+                    variables[params.RESTART_COUNT_ENV] = count
+            reporter.set(resilience=attempts.summary())
+            preflight(env, reporter, again=attempts.number > 0)
+            try:
+                outcome = _phase(reporter, "run", runner.run, launch_plan, supervisor, env,
+                                 reporter)
+            except ClusterError:
+                attempts.end(ClusterError.exit_code, "lost")
+                attempts.save()
+                raise
+            failed = outcome.exit_code != 0 or outcome.terminated_by_us
+            if not failed:
+                attempts.end(0, "exit")
+            elif not made and outcome.next is None and launch_plan.role == "single":
+                decide_next({"exit_code": outcome.exit_code or 143, "hang": outcome.hang})
+            elif not made:  # a worker: the master's decision, or none (a stop)
+                attempts.end(outcome.exit_code or 143, _cause(
+                    {"hang": outcome.hang, "exit_code": outcome.exit_code}, supervisor))
+            decision = made[-1] if made else (
+                Decision.from_message(outcome.next) if outcome.next else None)
+            if decision is None:
+                attempts.save()
+                return outcome
+            attempts.decided(decision)
+            outcome.next = decision.to_message()
+            reporter.set(resilience=attempts.summary())
+            if not decision.restart:
+                log.info("not restarting: %s" % decision.reason)
+                return outcome
+            log.warning("attempt %d failed with exit code %d%s: %s" % (
+                attempts.number, outcome.exit_code or 143,
+                " (%s)" % outcome.where if outcome.where else "", decision.reason))
+            _sleep(decision.backoff_s)  # a SIGTERM here ends the job (143), no more attempts
+    finally:
+        supervisor.decide_next = None
+        reporter.set(resilience=attempts.summary())
+
+
+def _cause(verdict, supervisor):
+    """What ended an attempt, as restarts.decide reads it."""
+    if supervisor.terminating:
+        return "stop"
+    if verdict.get("lost"):
+        return "lost"
+    return "hang" if verdict.get("hang") else "failure"
+
+
+def _sleep(seconds):
+    deadline = time.monotonic() + seconds
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(left, 0.5))
+
+
 def launch(env, supervisor, reporter, entry_point=None, args=None, runner_type=None,
            env_vars=None, extra_opts=None, wait=True, command=None):
     """Run the prepared code; returns the Outcome of a successful run and
@@ -242,8 +337,11 @@ def launch(env, supervisor, reporter, entry_point=None, args=None, runner_type=N
     log.info("running %s (%s runner, %s): %s" % (
         entry_point or "the job", launch_plan.runner, launch_plan.role,
         command or "serving the master's ranks"))
-    preflight(env, reporter)
-    outcome = _phase(reporter, "run", runner.run, launch_plan, supervisor, env, reporter)
+    outcome = run_attempts(env, supervisor, reporter, launch_plan, runner)
+    if outcome.next is not None and outcome.next.get("storm"):
+        raise NoProgressError("%s; the last attempt failed with exit code %d%s" % (
+            outcome.next["reason"], outcome.exit_code,
+            " (%s)" % outcome.where if outcome.where else ""))
     if outcome.hang is not None:
         reporter.set(hang=outcome.hang.status())
         raise HangError(outcome.hang, outcome.stderr_tail)

@@ -218,6 +218,11 @@ def run_job(argv=()):
             from .resilience.hang import settings_of
 
             settings_of(os.environ)
+        if any(os.environ.get(name, "").strip() for name in (
+                params.RESTARTS_ENV, params.RESTART_ON_ENV, params.NO_RESTART_EXIT_CODES_ENV)):
+            from .resilience.restarts import settings_of as restart_settings
+
+            restart_settings(os.environ)
         if os.environ.get(params.PREFLIGHT_ENV, "").strip() not in ("", "off"):
             from .resilience.preflight import settings_of as preflight_settings
 

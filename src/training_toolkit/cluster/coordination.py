@@ -51,6 +51,7 @@ def outcome_from(message, terminated):
         hang = HangVerdict.from_message(message["hang"])
     outcome = Outcome(int(message["exit_code"]), (message.get("stderr_tail") or "").encode(),
                       terminated or bool(message.get("stopped")), hang=hang)
+    outcome.next = message.get("next")
     if message.get("host"):
         outcome.where = ("rank %d on %s" % (message["rank"], message["host"])
                          if message.get("rank") is not None else "host %s" % message["host"])
@@ -60,10 +61,14 @@ def outcome_from(message, terminated):
 class JobMaster:
     """The master host's side."""
 
-    def __init__(self, port, workers, stop_local, key, reporter, optional=()):
+    def __init__(self, port, workers, stop_local, key, reporter, optional=(),
+                 decide_next=None):
         """`workers`: the hosts whose `train` the job waits for; `optional`:
         hosts whose `train` may join, or not (an MPIJob's workers, which run
-        the operator's bare sshd unless given `train`), to hear the verdict."""
+        the operator's bare sshd unless given `train`), to hear the verdict.
+        `decide_next`: with restarts on, the job's decision after a failed
+        attempt (Supervisor.decide_next), which the verdict carries."""
+        self.decide_next = decide_next
         self.workers = list(workers)
         self.stop_local = stop_local
         self.reporter = reporter
@@ -188,12 +193,26 @@ class JobMaster:
                 message["lost"] = True
         elif local.exit_code != 0:
             message["stderr_tail"] = local.stderr_tail.decode("utf-8", "replace")
+        self._decide_next(message)
         self.control.decided = True
         self.control.broadcast(message)
         self.learned_at = self.learned_at or learned_verdict(self.reporter, "verdict")
         if not failure:
+            local.next = message.get("next")
             return local
         return outcome_from(message, local.terminated_by_us)
+
+    def _decide_next(self, message):
+        """With restarts on, the decision on another attempt goes into the
+        verdict of a failed one, for every host to follow."""
+        if self.decide_next is None or message["exit_code"] == 0:
+            return
+        wall = time.time() - time.monotonic()
+        failed = [e.at for e in self.control.exits if e.exit_code] + [
+            w.at for w in self.control.lost]
+        message["next"] = self.decide_next(dict(
+            message, failed_at=wall + min(failed) if failed else None,
+            learned_at=self.learned_at))
 
     def _hang_verdict(self, local, tail_of):
         hang = self.hang.hang
@@ -202,6 +221,7 @@ class JobMaster:
             tail = tail_of(local.stderr_tail, hang.rank)
         message = {"type": "verdict", "exit_code": self.hang.exit_code, "rank": hang.rank,
                    "host": hang.host, "stderr_tail": tail or "", "hang": self.hang.to_message()}
+        self._decide_next(message)
         self.control.decided = True
         self.control.broadcast(message)
         return outcome_from(message, local.terminated_by_us)

@@ -31,6 +31,7 @@ import sys
 CONTROL_ENV = "TRAINING_TOOLKIT_CONTROL"    # master address:port for reports
 RANKS_DIR_ENV = "TRAINING_TOOLKIT_RANKS_DIR"  # where this host's rank pids go
 CWD_ENV = "TRAINING_TOOLKIT_RANK_CWD"  # with --own-host: where the program runs
+TORCHELASTIC_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
 REPORTED_TAIL = 8 * 1024
 
 
@@ -105,6 +106,25 @@ def own_host_env(env, hostname):
     return env
 
 
+def restart_env(paths, rank, env):
+    """With restarts on: the heartbeat file, whose `step=` is the job's
+    progress (the watchdog's, where it is on), and torchrun's restart count
+    made the job's: `train`'s restarts plus torchrun's own on this node."""
+    from .. import params
+
+    added = {}
+    if not env.get(params.HEARTBEAT_FILE_ENV):
+        added[params.HEARTBEAT_FILE_ENV] = heartbeat = paths.heartbeat_file(rank)
+        try:
+            os.makedirs(os.path.dirname(heartbeat), exist_ok=True)
+        except OSError:
+            pass
+    ours, torchrun = env.get(params.RESTART_COUNT_ENV, ""), env.get(TORCHELASTIC_COUNT_ENV)
+    if ours.isdigit() and torchrun is not None and torchrun.isdigit():
+        added[TORCHELASTIC_COUNT_ENV] = str(int(ours) + int(torchrun))
+    return added
+
+
 def main(argv=None):
     env_file, tag, own_host, program = parse(sys.argv[1:] if argv is None else argv)
     if program is None:
@@ -162,6 +182,8 @@ def main(argv=None):
         if hang_settings is not None:
             watch, env = hang.watch_rank(hang_settings, JobPaths.from_environ(env), rank,
                                          host, env)
+    if env.get(params.RESTARTS_ENV, "").strip() not in ("", "0"):
+        env = dict(env, **restart_env(JobPaths.from_environ(env), rank, env))
     proc = supervisor.start(program, env=env, cwd=cwd, relay_stdout=True,
                             line_at_a_time=True, tag=tags, watch=watch)
     if watch is not None:  # the master's `train` decides, once it has every rank's stack

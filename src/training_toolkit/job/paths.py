@@ -17,6 +17,10 @@ DRIVERS_SUBDIR = "distributed_drivers"
 REQUIREMENTS_FILE = "requirements.txt"
 
 
+# The attempt record (resilience/attempts.py) where it lives in a checkpoint
+# dir: synced with the checkpoints, and never a checkpoint itself.
+ATTEMPTS_RECORD_NAME = ".training-toolkit-attempts.json"
+
 def is_populated(directory):
     """Whether `directory` exists and holds anything (code baked into the
     image counts: nothing is fetched over it)."""

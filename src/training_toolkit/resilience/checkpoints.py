@@ -26,6 +26,7 @@ import time
 from .. import log, params
 from ..errors import CheckpointAccessError, ConfigError
 from ..intermediate.rules import EveryFile
+from ..job.paths import ATTEMPTS_RECORD_NAME
 
 HOST_PLACEHOLDER = "{host}"
 DELETE_MODES = ("mirror", "keep")
@@ -168,6 +169,8 @@ class CheckpointRules(EveryFile):
 
     def uploaded(self, rel, settled, size, written_at):
         unit, sep, rest = rel.partition("/")
+        if rel == ATTEMPTS_RECORD_NAME:  # goes up with them, but is no checkpoint
+            return None
         self._sizes.setdefault(unit, {})[rel] = size
         if sep and not (rest == self.marker if self.marker is not None else settled(unit)):
             return None
@@ -189,7 +192,8 @@ def complete_units(local_dir, marker):
     for entry in entries:
         try:
             if not entry.is_dir(follow_symlinks=False):
-                if entry.is_file() and not entry.name.startswith(".restoring-"):
+                if entry.is_file() and not entry.name.startswith(".restoring-") and \
+                        entry.name != ATTEMPTS_RECORD_NAME:
                     units[entry.name] = entry.stat().st_mtime
                 continue
             if marker is not None:

@@ -113,7 +113,8 @@ class MpiJob:
         # verdict) or the bare sshd: none is waited for.
         self.coordinator = master = JobMaster(
             self.settings.control_port, [] if operator else workers, self._stop_local_ranks,
-            self._control_key(), self.reporter, optional=workers if operator else ())
+            self._control_key(), self.reporter, optional=workers if operator else (),
+            decide_next=self.supervisor.decide_next)
         if not operator:
             self._write_rank_env(master.report_address())
         # The first failing rank stops the ranks on every host at once, and

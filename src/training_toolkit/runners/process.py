@@ -12,27 +12,50 @@ from .plan import Command, LaunchPlan, base_env, program_cwd, user_program
 NAME = "process"
 
 
+def one_job(env):
+    """Whether every host of `env` runs this runner as one job: several
+    hosts, and no distribution instance group whose hosts run another
+    runner (a heterogeneous job's other hosts run their process alone)."""
+    return len(env.hosts) > 1 and not (env.is_hetero and env.distribution_instance_groups)
+
+
+def _role(env):
+    if not one_job(env):
+        return "single", ()
+    return ("master" if env.current_host == env.master_hostname else "worker",
+            ("one process on each of %d hosts; the first to fail ends every host" % len(
+                env.hosts),))
+
+
 def plan(env, entry_point, args, extra_env=None, options=None):
     if env.shell_command:
         argv = [resources.which("bash") or "/bin/sh", "-c", env.shell_command]
     else:
         argv = user_program(env, entry_point, args)[1]
-    return LaunchPlan(NAME, env.current_host, "single",
-                      Command(argv, base_env(env, extra_env), env.code_dir))
+    role, notes = _role(env)
+    return LaunchPlan(NAME, env.current_host, role,
+                      Command(argv, base_env(env, extra_env), env.code_dir), notes=notes)
 
 
 def plan_command(env, command, extra_env=None):
     """An explicit command (`train -- COMMAND [ARGS]`), run once as it is
     (found on PATH, never through a shell), where plan.program_cwd says."""
-    return LaunchPlan(NAME, env.current_host, "single",
+    role, notes = _role(env)
+    return LaunchPlan(NAME, env.current_host, role,
                       Command(command, base_env(env, extra_env), program_cwd(env, command)),
-                      notes=("an explicit command, instead of the job's entry point",))
+                      notes=("an explicit command, instead of the job's entry point",) + notes)
 
 
 def run(launch_plan, supervisor, env, reporter):
     """Start the plan's command under the supervisor; returns its Outcome.
     With the hang watchdog on, its output and heartbeat are watched, and a
-    hang ends it with the hang's exit code once its stack is written."""
+    hang ends it with the hang's exit code once its stack is written. On
+    several hosts, every host's `train` joins the master's (as MPI's and
+    torchrun's do): the first failure ends the job on every host."""
+    if launch_plan.role != "single":
+        from .process_job import run_job
+
+        return run_job(launch_plan, supervisor, env, reporter)
     cmd = launch_plan.command
     settings = None
     if params.hang_watch_requested(os.environ):
@@ -40,7 +63,9 @@ def run(launch_plan, supervisor, env, reporter):
 
         settings = hang.settings_of(os.environ)
     if settings is None:
-        supervisor.start(cmd.argv, env=cmd.full_env(), cwd=cmd.cwd)
+        from .process_job import with_heartbeat
+
+        supervisor.start(cmd.argv, env=with_heartbeat(env.paths, 0, cmd.full_env()), cwd=cmd.cwd)
         supervisor.on_dump = lambda: dump_here(env, supervisor, False)
         try:
             return supervisor.wait()

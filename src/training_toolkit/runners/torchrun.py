@@ -147,7 +147,8 @@ def run(launch, supervisor, env, reporter):
         if launch.role == "master":
             check_port_free(settings.port, env)
         coordinator = JobMaster(settings.control_port, workers, local,
-                                control.job_key_for(env), reporter)
+                                control.job_key_for(env), reporter,
+                                decide_next=supervisor.decide_next)
         launch.command.env[rank_wrapper.CONTROL_ENV] = coordinator.report_address()
         if hangs is not None:
             coordinator.watch_hangs(hangs, dump_here)

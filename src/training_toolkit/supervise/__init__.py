@@ -40,7 +40,8 @@ TREE_LEAD_S = 2.0
 class Outcome:
     """How a supervised command ended."""
 
-    __slots__ = ("exit_code", "stderr_tail", "terminated_by_us", "where", "hang")
+    __slots__ = ("exit_code", "stderr_tail", "terminated_by_us", "where", "hang", "next",
+                 "failed_at")
 
     def __init__(self, exit_code, stderr_tail, terminated_by_us, where=None, hang=None):
         self.exit_code = exit_code
@@ -48,6 +49,10 @@ class Outcome:
         self.terminated_by_us = terminated_by_us
         self.where = where  # which rank on which host failed, for multi-host jobs
         self.hang = hang    # resilience.hang.HangVerdict, if the watchdog ended the job
+        # The master's decision on another attempt (resilience.restarts.Decision),
+        # as the verdict carried it; None where restarts are off or none was made.
+        self.next = None
+        self.failed_at = None  # wall time of the first failure, where the master knows it
 
     def __repr__(self):
         return "Outcome(exit_code=%r, terminated_by_us=%r)" % (
@@ -111,6 +116,9 @@ class Supervisor:
         # Of the grace, what `train` keeps for itself after the kill (the
         # checkpoints' flush); set before it calls terminate().
         self.reserve_seconds = 0.0
+        # With restarts on: the job's decision after a failed attempt, which the
+        # master host's coordination makes (failure dict -> restarts.Decision).
+        self.decide_next = None
         self.proc = None
         self.terminating = False
         self._starting = False

@@ -1,0 +1,173 @@
+"""Restarts in place: the settings, and the job's decision after a failed
+attempt (pure: the attempt record, attempts.py, gives it what it needs).
+
+The master host's `train` decides, and the verdict carries the decision to
+every host (cluster/coordination.py), so that the job restarts as one: the
+same runner on the same hosts, in the same job tree, after a backoff. The
+decision, in order:
+
+* a stop (SIGTERM), a lost host, or a code of NO_RESTART_EXIT_CODES (the
+  toolkit's own configuration and usage errors by default): no restart;
+* a hang, unless RESTART_ON names it; a failure, unless RESTART_ON names it;
+* the storm guard: MAX_NO_PROGRESS_RESTARTS attempts in a row without
+  progress (a higher heartbeat step, a newer complete checkpoint) end the
+  job with 93 while budget is left (NVIDIA's ft_launcher's "do not
+  requeue"); a job with no measure of progress is never stopped by it;
+* the budget: RESTARTS restarts, per RESTART_WINDOW_S where set (HyperPod's
+  evalPeriodSeconds); the attempt that spends the last of it ends with its
+  own code, which the orchestrator may still retry.
+"""
+import dataclasses
+
+from .. import params
+from ..errors import ConfigError, NoProgressError
+
+# A restart waits BACKOFF_S, doubling with each restart, at most this long.
+MAX_BACKOFF_S = 300.0
+CAUSES = ("failure", "hang")
+DEFAULT_NO_RESTART_CODES = "64-78"
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartSettings:
+    restarts: int
+    on: frozenset
+    backoff_s: float
+    window_s: object          # float, or None: one budget for the whole job
+    no_restart_codes: frozenset
+    max_no_progress: int
+
+    def status(self):
+        return {"restarts": self.restarts, "on": sorted(self.on), "backoff_s": self.backoff_s,
+                "window_s": self.window_s, "max_no_progress": self.max_no_progress,
+                "no_restart_exit_codes": compact(self.no_restart_codes)}
+
+
+def settings_of(environ):
+    """The restart settings, or None while TRAINING_TOOLKIT_RESTARTS is 0;
+    every bad value is a ConfigError naming its variable (78). The others
+    are checked even then: a typo must not wait for the day it matters."""
+    on = parse_causes(environ.get(params.RESTART_ON_ENV, ""))
+    codes = parse_codes(environ.get(params.NO_RESTART_EXIT_CODES_ENV, ""))
+    restarts = params.setting(environ, params.RESTARTS_ENV)
+    if not restarts:
+        return None
+    return RestartSettings(restarts, on, params.setting(environ, params.RESTART_BACKOFF_ENV),
+                           params.setting(environ, params.RESTART_WINDOW_ENV), codes,
+                           params.setting(environ, params.MAX_NO_PROGRESS_RESTARTS_ENV))
+
+
+def parse_causes(text):
+    """`failure`, `hang`, or both, comma-separated (default: both)."""
+    names = [part.strip() for part in text.split(",")] if text.strip() else list(CAUSES)
+    bad = [name for name in names if name not in CAUSES]
+    if bad or not names:
+        raise ConfigError("must be %s, or both comma-separated; got %r"
+                          % (" or ".join(CAUSES), text), field=params.RESTART_ON_ENV)
+    return frozenset(names)
+
+
+def parse_codes(text):
+    """Exit codes and ranges (`64-78,137`; default 64-78); `none` for none."""
+    text = text.strip() or DEFAULT_NO_RESTART_CODES
+    if text.lower() == "none":
+        return frozenset()
+    codes = set()
+    for part in text.split(","):
+        low, dash, high = part.strip().partition("-")
+        try:
+            first, last = int(low), int(high) if dash else int(low)
+        except ValueError:
+            first = last = -1
+        if not (low.strip().isdigit() and (not dash or high.strip().isdigit())) or not (
+                0 < first <= last <= 255):
+            raise ConfigError("must be exit codes from 1 to 255 and ranges of them (like "
+                              "64-78,137), or none; %r in %r is not" % (part.strip(), text),
+                              field=params.NO_RESTART_EXIT_CODES_ENV)
+        codes.update(range(first, last + 1))
+    return frozenset(codes)
+
+
+def compact(codes):
+    """The codes as ranges again: {64, ..., 78, 137} -> "64-78,137"."""
+    runs, ordered = [], sorted(codes)
+    for code in ordered:
+        if runs and code == runs[-1][1] + 1:
+            runs[-1][1] = code
+        else:
+            runs.append([code, code])
+    return ",".join("%d-%d" % tuple(r) if r[0] != r[1] else "%d" % r[0] for r in runs) or "none"
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What the job does after a failed attempt; the verdict carries it."""
+    restart: bool
+    exit_code: int     # the job's exit code when it does not restart
+    reason: str
+    attempt: int = 0   # the next attempt's number (its TRAINING_TOOLKIT_RESTART_COUNT)
+    backoff_s: float = 0.0
+    no_progress: int = 0  # attempts in a row without progress, this one included
+    storm: bool = False   # the storm guard ended the job (93)
+
+    def to_message(self):
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_message(cls, message):
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in message.items() if k in fields})
+
+
+def decide(settings, failure, history):
+    """The Decision after a failed attempt. `failure`: {"exit_code", "cause"
+    ("failure", "hang", "stop", "lost"), "progress" (True, False, or None
+    where the job has no measure of it)}. `history`: (restarts done in
+    this `train` with their monotonic times, attempts in a row without
+    progress before this one, across the orchestrator's restarts too, the
+    monotonic time now) as an AttemptHistory."""
+    code = failure["exit_code"]
+    cause = failure["cause"]
+    streak = history.no_progress + 1 if failure.get("progress") is False else 0
+
+    def end(reason, exit_code=code, storm=False):
+        return Decision(False, exit_code, reason, no_progress=streak, storm=storm)
+
+    if cause == "stop":
+        return end("stopped by a signal: no restart")
+    if cause == "lost":
+        return end("a host was lost: left to the orchestrator")
+    if cause not in settings.on:
+        return end("%s=%s: a %s is not restarted" % (
+            params.RESTART_ON_ENV, ",".join(sorted(settings.on)), cause))
+    if code in settings.no_restart_codes:
+        return end("exit code %d is in %s (%s): a restart cannot fix it" % (
+            code, params.NO_RESTART_EXIT_CODES_ENV, compact(settings.no_restart_codes)))
+    used = history.restarts_in_window(settings.window_s)
+    if used >= settings.restarts:
+        return end("the restart budget is spent (%d of %d%s)" % (
+            used, settings.restarts, " in %gs" % settings.window_s if settings.window_s else ""))
+    if streak >= settings.max_no_progress:
+        return end("%d attempts in a row made no progress (no higher heartbeat step, no newer "
+                   "complete checkpoint): not restarting, and not to be requeued (%s)"
+                   % (streak, params.MAX_NO_PROGRESS_RESTARTS_ENV), NoProgressError.exit_code,
+                   storm=True)
+    done = len(history.restart_times)
+    backoff = min(MAX_BACKOFF_S, settings.backoff_s * 2 ** done)
+    return Decision(True, code, "restart %d of %d%s after %gs" % (
+        used + 1, settings.restarts, " in %gs" % settings.window_s if settings.window_s else "",
+        backoff), attempt=history.attempt + 1, backoff_s=backoff, no_progress=streak)
+
+
+@dataclasses.dataclass
+class AttemptHistory:
+    """What `decide` needs to know of the attempts before."""
+    attempt: int = 0              # this attempt's number in this `train`
+    restart_times: list = dataclasses.field(default_factory=list)  # monotonic, in this `train`
+    no_progress: int = 0          # attempts in a row without progress before this one
+    now: float = 0.0
+
+    def restarts_in_window(self, window_s):
+        if window_s is None:
+            return len(self.restart_times)
+        return sum(1 for at in self.restart_times if at > self.now - window_s)

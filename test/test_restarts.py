@@ -1,0 +1,249 @@
+"""Restarts in place (TRAINING_TOOLKIT_RESTARTS) and the process runner as
+one job on several hosts, through the installed `train` on simulated hosts
+(network namespaces): torchrun (torch CPU, gloo), OpenMPI (mpi4py) and the
+process runner, 2 hosts each. A rank crashes on the first attempt only, or
+always; the job restarts as one, decided by the master, and every host ends
+with the same verdict. Nothing is mocked."""
+import json
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from cluster_jobs import ClusterJob, require_cluster
+from training_toolkit.distributed import Torchrun
+
+pytestmark = pytest.mark.usefixtures("cluster_supported")
+
+
+@pytest.fixture(scope="module")
+def cluster_supported():
+    require_cluster()
+
+
+# Each rank steps 20 times (a collective each step), writes `step=N` to its
+# heartbeat file, and the last rank exits CRASH_CODE at step 10: on the first
+# attempt only, or on every attempt with ALWAYS=1. Every rank records what it
+# saw of the attempt in model/seen-<attempt>-<rank>.
+STEPS = """
+import json, os, sys, time
+attempt = int(os.environ["TRAINING_TOOLKIT_RESTART_COUNT"])
+heartbeat = os.environ.get("TRAINING_TOOLKIT_HEARTBEAT_FILE")
+always = os.environ.get("ALWAYS") == "1"
+crash = int(os.environ.get("CRASH_CODE", "3"))
+model = os.environ["SM_MODEL_DIR"]
+
+
+def run(rank, world, collective):
+    with open(os.path.join(model, "seen-%d-%d" % (attempt, rank)), "w") as f:
+        json.dump({"at": time.time(), "torchelastic": os.environ.get("TORCHELASTIC_RESTART_COUNT"),
+                   "heartbeat": heartbeat}, f)
+    for step in range(20):
+        collective()
+        if heartbeat and not os.environ.get("NO_HEARTBEAT"):
+            with open(heartbeat, "w") as f:
+                f.write("step=%d\\n" % step)
+        if step == 10 and rank == world - 1 and (attempt == 0 or always):
+            print("rank %d crashing at step %d (attempt %d)" % (rank, step, attempt),
+                  file=sys.stderr, flush=True)
+            os._exit(crash)
+        time.sleep(0.02)
+"""
+
+TORCH_SCRIPT = STEPS + """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+run(dist.get_rank(), dist.get_world_size(), lambda: dist.all_reduce(torch.ones(1)))
+dist.destroy_process_group()
+"""
+
+MPI_SCRIPT = STEPS + """
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+run(comm.Get_rank(), comm.Get_size(), lambda: comm.allreduce(1))
+"""
+
+PROCESS_SCRIPT = STEPS + """
+hosts = json.loads(os.environ["SM_HOSTS"])
+run(hosts.index(os.environ["SM_CURRENT_HOST"]), len(hosts), lambda: None)
+"""
+
+MPI_HPS = {"sagemaker_mpi_enabled": True, "sagemaker_mpi_num_of_processes_per_host": 2,
+           "sagemaker_mpi_custom_mpi_options": "-mca mpi_yield_when_idle 1"}
+
+
+def cluster_job(tmp_path, kind, n=2):
+    if kind == "mpi":
+        return ClusterJob(tmp_path, n, {"train.py": MPI_SCRIPT}, hyperparameters=MPI_HPS)
+    if kind == "torchrun":
+        pytest.importorskip("torch")
+        return ClusterJob(tmp_path, n, {"train.py": TORCH_SCRIPT},
+                          distributed=Torchrun(process_count_per_node=2))
+    return ClusterJob(tmp_path, n, {"train.py": PROCESS_SCRIPT})
+
+
+RANKS = {"mpi": 4, "torchrun": 4, "process": 2}
+
+
+def attempts_of(job, host):
+    return json.loads(job.read(host, "output", "data", "resilience.json"))["attempts"]
+
+
+def failure_headline(job, host):
+    if not job.exists(host, "output", "failure"):
+        return None
+    return job.read(host, "output", "failure").splitlines()[0]
+
+
+def seen(job, host, attempt, rank):
+    return json.loads(job.read(host, "model", "seen-%d-%d" % (attempt, rank)))
+
+
+@pytest.mark.parametrize("kind", ["torchrun", "mpi", "process"])
+def test_a_crash_on_the_first_attempt_restarts_the_job_once_and_it_ends_0(tmp_path, kind):
+    with cluster_job(tmp_path, kind) as job:
+        job.start(TRAINING_TOOLKIT_RESTARTS=2, TRAINING_TOOLKIT_RESTART_BACKOFF_S=0.2,
+                  SM_TERMINATION_GRACE_SECONDS=10).wait(timeout=240)
+        errs = {h: r.err.decode("utf-8", "replace") for h, r in job.runs.items()}
+        assert job.codes() == {h: 0 for h in job.hosts}, errs
+        ranks = RANKS[kind]
+        per_host = ranks // len(job.hosts)
+        for index, host in enumerate(job.hosts):
+            records = attempts_of(job, host)
+            assert [a["attempt"] for a in records] == [0, 1], records
+            assert records[0]["exit_code"] == 3 and records[0]["decision"]["restart"] is True
+            assert records[1]["exit_code"] == 0 and records[1]["cause"] == "exit"
+            assert records[1]["restart_s"] >= 0.2
+            assert not job.exists(host, "output", "failure")
+            assert job.exists(host, "output", "success")
+            # The code was fetched and installed once: the corridor ran once, its run phase twice.
+            assert errs[host].count("running ") == 1, errs[host]
+            assert len(re.findall(r"attempt 0 failed with exit code 3", errs[host])) == 1
+            for rank in range(index * per_host, (index + 1) * per_host):
+                assert seen(job, host, 1, rank)["heartbeat"]  # its progress is measured
+                if kind == "torchrun":  # torchrun's own count made the job's
+                    assert seen(job, host, 1, rank)["torchelastic"] == "1"
+        master = attempts_of(job, job.hosts[0])
+        assert master[0]["step"] is not None and master[0]["progress"] is True
+        status = json.loads(job.read(job.hosts[0], "output", "status.json"))
+        assert status["resilience"]["attempts"] == 2 and status["resilience"]["restarts"] == 1
+
+
+@pytest.mark.parametrize("kind", ["torchrun", "process"])
+def test_always_crashing_restarts_exactly_twice_with_the_backoff_then_the_users_code(
+        tmp_path, kind):
+    with cluster_job(tmp_path, kind) as job:
+        job.start(TRAINING_TOOLKIT_RESTARTS=2, TRAINING_TOOLKIT_RESTART_BACKOFF_S=0.5,
+                  ALWAYS=1, SM_TERMINATION_GRACE_SECONDS=10).wait(timeout=240)
+        assert job.codes() == {h: 3 for h in job.hosts}, {
+            h: r.err.decode()[-2000:] for h, r in job.runs.items()}
+        last = RANKS[kind] - 1
+        for host in job.hosts:
+            records = attempts_of(job, host)
+            assert [a["attempt"] for a in records] == [0, 1, 2]
+            assert [a["decision"]["restart"] for a in records] == [True, True, False]
+            assert [a.get("backoff_s") for a in records] == [0.5, 1.0, None]  # doubling
+            assert "budget is spent (2 of 2)" in records[2]["decision"]["reason"]
+            for before, after in zip(records, records[1:]):
+                assert after["started"] - before["ended"] >= before["backoff_s"] - 0.05
+            assert ("exit code 3 on rank %d on %s" % (last, job.hosts[-1])) in failure_headline(
+                job, host)
+        # Every attempt ran: the last rank crashed three times.
+        assert all(job.exists(job.hosts[-1], "model", "seen-%d-%d" % (a, last))
+                   for a in range(3))
+
+
+def test_no_progress_across_restarts_ends_every_host_with_93(tmp_path):
+    """A checkpoint that never advances: the job restores it and fails before
+    saving another, three attempts in a row; 93 while budget is left."""
+    with cluster_job(tmp_path, "process") as job:
+        for host in job.hosts:
+            os.makedirs(job.path(host, "checkpoints"), exist_ok=True)
+            with open(job.path(host, "checkpoints", "ckpt-100.pt"), "w") as f:
+                f.write("weights")
+        job.start(TRAINING_TOOLKIT_RESTARTS=5, TRAINING_TOOLKIT_RESTART_BACKOFF_S=0.1,
+                  ALWAYS=1, NO_HEARTBEAT=1).wait(timeout=240)
+        assert job.codes() == {h: 93 for h in job.hosts}, {
+            h: r.err.decode()[-2000:] for h, r in job.runs.items()}
+        for host in job.hosts:
+            records = attempts_of(job, host)
+            assert len(records) == 3
+            assert records[-1]["decision"]["exit_code"] == 93
+            headline = failure_headline(job, host)
+            assert headline.startswith("NoProgressError: 3 attempts in a row made no progress")
+        master = attempts_of(job, job.hosts[0])
+        assert [a["progress"] for a in master] == [False, False, False]
+        assert master[0]["restored_from"] == "ckpt-100.pt"
+
+
+def test_a_job_without_a_measure_of_progress_spends_its_budget_and_ends_with_its_code(
+        tmp_path):
+    with cluster_job(tmp_path, "process") as job:
+        job.start(TRAINING_TOOLKIT_RESTARTS=3, TRAINING_TOOLKIT_RESTART_BACKOFF_S=0.05,
+                  TRAINING_TOOLKIT_MAX_NO_PROGRESS_RESTARTS=1, ALWAYS=1,
+                  NO_HEARTBEAT=1).wait(timeout=240)
+        assert job.codes() == {h: 3 for h in job.hosts}
+        master = attempts_of(job, job.hosts[0])
+        assert len(master) == 4 and [a["progress"] for a in master] == [None] * 4
+
+
+@pytest.mark.parametrize("code, codes, restarted", [
+    (78, None, False),          # the default list: the toolkit's own configuration errors
+    (3, "3,100-110", False),
+    (3, "none", True),
+])
+def test_listed_exit_codes_are_not_restarted(tmp_path, code, codes, restarted):
+    extra = {} if codes is None else {"TRAINING_TOOLKIT_NO_RESTART_EXIT_CODES": codes}
+    with cluster_job(tmp_path, "process") as job:
+        job.start(TRAINING_TOOLKIT_RESTARTS=1, TRAINING_TOOLKIT_RESTART_BACKOFF_S=0.05,
+                  CRASH_CODE=code, ALWAYS=1, **extra).wait(timeout=120)
+        assert job.codes() == {h: code for h in job.hosts}
+        records = attempts_of(job, job.hosts[0])
+        assert len(records) == (2 if restarted else 1)
+        if not restarted:
+            assert "a restart cannot fix it" in records[0]["decision"]["reason"]
+
+
+@pytest.mark.parametrize("kind", ["process", "torchrun"])
+def test_sigterm_during_the_backoff_ends_every_host_with_143_and_no_further_attempt(
+        tmp_path, kind):
+    with cluster_job(tmp_path, kind) as job:
+        job.start(TRAINING_TOOLKIT_RESTARTS=3, TRAINING_TOOLKIT_RESTART_BACKOFF_S=60,
+                  SM_TERMINATION_GRACE_SECONDS=10)
+        deadline = time.monotonic() + 120
+        while not all(job.exists(h, "output", "data", "resilience.json")
+                      and attempts_of(job, h)[0].get("decision") for h in job.hosts):
+            assert time.monotonic() < deadline, "the first attempt never ended"
+            assert all(r.proc.poll() is None for r in job.runs.values()), job.codes()
+            time.sleep(0.05)
+        signalled = time.monotonic()
+        for host in job.hosts:
+            job.signal(host, signal.SIGTERM)
+        job.wait(timeout=30)
+        assert job.codes() == {h: 143 for h in job.hosts}
+        assert all(r.ended - signalled < 10 for r in job.runs.values())
+        for host in job.hosts:
+            assert len(attempts_of(job, host)) == 1
+            assert not any(name.startswith("seen-1-") for name in os.listdir(
+                job.path(host, "model")))
+
+
+def test_process_runner_on_three_hosts_fails_fast_on_every_host(tmp_path):
+    """Without restarts: the process runner as one job. Host 2's program
+    exits 7 at once while the others would sleep 60 s: every host ends with
+    7 within seconds, each with a `failure` naming algo-2."""
+    script = ("import json, os, sys, time\n"
+              "if os.environ['SM_CURRENT_HOST'] == 'algo-2': sys.exit(7)\n"
+              "time.sleep(60)\n")
+    with ClusterJob(tmp_path, 3, {"train.py": script}) as job:
+        started = time.monotonic()
+        job.start(SM_TERMINATION_GRACE_SECONDS=10).wait(timeout=60)
+        assert job.codes() == {h: 7 for h in job.hosts}
+        assert all(r.ended - started < 30 for r in job.runs.values())
+        for host in job.hosts:
+            headline = failure_headline(job, host)
+            assert headline and "algo-2" in headline and "exit code 7" in headline, headline
+        plan = json.loads(job.read("algo-1", "output", "status.json"))
+        assert plan["role"] == "master"
