@@ -247,3 +247,87 @@ def test_process_runner_on_three_hosts_fails_fast_on_every_host(tmp_path):
             assert headline and "algo-2" in headline and "exit code 7" in headline, headline
         plan = json.loads(job.read("algo-1", "output", "status.json"))
         assert plan["role"] == "master"
+
+
+def wait_for_decision(job, host, attempt=0, timeout=120):
+    """Until `host` recorded the decision after `attempt` (bounded)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if job.exists(host, "output", "data", "resilience.json"):
+            records = attempts_of(job, host)
+            if len(records) > attempt and records[attempt].get("decision"):
+                return records[attempt]["decision"]
+        assert time.monotonic() < deadline, "attempt %d never ended on %s" % (attempt, host)
+        assert all(r.proc.poll() is None for r in job.runs.values()), job.codes()
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("kind", ["process", "torchrun"])
+def test_a_host_lost_in_the_backoff_ends_the_job_with_79_naming_it(tmp_path, kind):
+    with cluster_job(tmp_path, kind) as job:
+        job.start(TRAINING_TOOLKIT_RESTARTS=2, TRAINING_TOOLKIT_RESTART_BACKOFF_S=2,
+                  SM_TERMINATION_GRACE_SECONDS=10)
+        assert wait_for_decision(job, "algo-2")["restart"] is True
+        job.signal("algo-2", signal.SIGKILL)
+        job.wait(timeout=120)
+        assert job.codes() == {"algo-1": 79, "algo-2": -9}
+        headline = failure_headline(job, "algo-1")
+        assert headline.startswith("ClusterError: lost the worker host algo-2 between attempts")
+        records = attempts_of(job, "algo-1")
+        assert [r["cause"] for r in records] == ["failure", "lost"]
+
+
+def test_the_master_lost_in_the_backoff_ends_the_workers_with_79(tmp_path):
+    with cluster_job(tmp_path, "process") as job:
+        job.start(TRAINING_TOOLKIT_RESTARTS=2, TRAINING_TOOLKIT_RESTART_BACKOFF_S=2)
+        wait_for_decision(job, "algo-2")
+        job.signal("algo-1", signal.SIGKILL)
+        job.wait(timeout=120)
+        assert job.codes() == {"algo-1": -9, "algo-2": 79}
+        assert "lost the master host algo-1 between attempts" in failure_headline(
+            job, "algo-2")
+
+
+FAILS_AT_RESTART = """
+import os, sys
+if os.environ["TRAINING_TOOLKIT_RESTART_COUNT"] == "1" and os.environ.get("LOCAL_RANK") == "1" \\
+        and os.environ["SM_CURRENT_HOST"] == "algo-2":
+    sys.exit(5)  # before the process group: the restart's own start fails
+""" + TORCH_SCRIPT
+
+
+def test_a_rank_failing_in_the_restarts_own_start_is_one_more_failed_attempt(tmp_path):
+    pytest.importorskip("torch")
+    with ClusterJob(tmp_path, 2, {"train.py": FAILS_AT_RESTART},
+                    distributed=Torchrun(process_count_per_node=2)) as job:
+        job.start(TRAINING_TOOLKIT_RESTARTS=2, TRAINING_TOOLKIT_RESTART_BACKOFF_S=0.1,
+                  SM_TERMINATION_GRACE_SECONDS=10).wait(timeout=240)
+        assert job.codes() == {h: 0 for h in job.hosts}, {
+            h: r.err.decode()[-2000:] for h, r in job.runs.items()}
+        for host in job.hosts:
+            assert [(r["exit_code"], r["decision"]["restart"] if "decision" in r else None)
+                    for r in attempts_of(job, host)] == [(3, True), (5, True), (0, None)]
+
+
+HANGS_ON_FIRST_ATTEMPT = """
+import os, time
+if os.environ["TRAINING_TOOLKIT_RESTART_COUNT"] == "0":
+    time.sleep(600)  # silent: the watchdog calls it hung
+print("attempt", os.environ["TRAINING_TOOLKIT_RESTART_COUNT"], "done")
+"""
+
+
+@pytest.mark.parametrize("restart_on, codes", [("failure,hang", {"algo-1": 0, "algo-2": 0}),
+                                               ("failure", {"algo-1": 200, "algo-2": 200})])
+def test_a_hang_is_restarted_when_restart_on_names_it(tmp_path, restart_on, codes):
+    with ClusterJob(tmp_path, 2, {"train.py": HANGS_ON_FIRST_ATTEMPT}) as job:
+        job.start(TRAINING_TOOLKIT_RESTARTS=1, TRAINING_TOOLKIT_RESTART_BACKOFF_S=0.1,
+                  TRAINING_TOOLKIT_RESTART_ON=restart_on, TRAINING_TOOLKIT_HANG_TIMEOUT_S=1,
+                  TRAINING_TOOLKIT_HANG_START_TIMEOUT_S=1,
+                  SM_TERMINATION_GRACE_SECONDS=10).wait(timeout=120)
+        assert job.codes() == codes, {h: r.err.decode()[-2000:] for h, r in job.runs.items()}
+        first = attempts_of(job, "algo-1")[0]
+        assert first["cause"] == "hang" and first["exit_code"] == 200
+        if codes["algo-1"] == 200:
+            assert "a hang is not restarted" in first["decision"]["reason"]
+

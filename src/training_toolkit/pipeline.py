@@ -14,7 +14,7 @@ import time
 
 from . import context, log, params
 from .errors import (ClusterError, CodeNotFoundError, ConfigError, ExecuteUserScriptError,
-                     HangError, NoProgressError)
+                     HangError, NoProgressError, PreflightError)
 from .job.checks import check_requirements_file
 from .job.environment import Environment
 from .job.paths import entry_point_path, is_populated
@@ -261,12 +261,15 @@ def run_attempts(env, supervisor, reporter, launch_plan, runner):
                 if variables is not None:
                     variables[params.RESTART_COUNT_ENV] = count
             reporter.set(resilience=attempts.summary())
-            preflight(env, reporter, again=attempts.number > 0)
             try:
+                if attempts.number:
+                    _rejoin(env, launch_plan, attempts.number)
+                preflight(env, reporter, again=attempts.number > 0)
                 outcome = _phase(reporter, "run", runner.run, launch_plan, supervisor, env,
                                  reporter)
-            except ClusterError:
-                attempts.end(ClusterError.exit_code, "lost")
+            except (ClusterError, PreflightError) as error:  # a host lost, or not fit to run
+                attempts.end(error.exit_code, "preflight" if isinstance(error, PreflightError)
+                             else "lost")
                 attempts.save()
                 raise
             failed = outcome.exit_code != 0 or outcome.terminated_by_us
@@ -295,6 +298,21 @@ def run_attempts(env, supervisor, reporter, launch_plan, runner):
     finally:
         supervisor.decide_next = None
         reporter.set(resilience=attempts.summary())
+
+
+def _rejoin(env, launch_plan, attempt):
+    """Every host of a multi-host job is back before a restart starts
+    anything (cluster/rejoin.py): a host lost in the backoff is named (79)."""
+    settings = launch_plan.settings
+    hosts = list(getattr(settings, "hosts", None) or env.hosts)
+    if launch_plan.role not in ("master", "worker") or len(hosts) < 2 or \
+            env.orchestrator == "mpijob":  # its workers run the operator's sshd, not `train`
+        return
+    from .cluster import control
+    from .cluster.rejoin import rejoin
+
+    rejoin(getattr(settings, "master", None) or env.master_hostname, hosts, env.current_host,
+           control.control_port(os.environ), control.job_key_for(env), attempt)
 
 
 def _cause(verdict, supervisor):

@@ -53,6 +53,10 @@ _FIELDS = {
     "hang": {"rank": int, "host": str, "silent_s": (int, float), "reason": str},
     "stacks": {"host": str, "ranks": dict},
     "rule_events": {"host": str, "events": list},
+    # The pre-flight (cluster/preflight.py): a peer's hello on the pre-flight's
+    # port (`bytes`: a bandwidth stream follows), a worker's checks to the master.
+    "preflight_hello": {"host": str, "nonce": str, "round": int, "bytes": int},
+    "preflight_report": {"host": str, "round": int, "checks": list},
 }
 
 

@@ -1,0 +1,54 @@
+"""Before a restart in place, every host's `train` rejoins the master's.
+
+After a failed attempt each host waits out the backoff on its own; a host
+lost meanwhile (its `train` killed, its node gone) would leave the others
+waiting on a launcher's rendezvous, or an SSH deadline, for minutes. So,
+before the next attempt starts anything, the workers connect to the master's
+control port (the job's key, as always) and the master waits for all of them,
+at most REJOIN_S: a host missing then is named, and the job ends as any job
+that lost a host (79), on every host that is left.
+"""
+import time
+
+from ..errors import ClusterError
+from .control import MasterControl, Refused, WorkerLink
+
+# How long the hosts wait for each other after the backoff (they end it
+# together, give or take their clocks and their own last steps).
+REJOIN_S = 30.0
+
+
+def rejoin(master, hosts, host, port, key, attempt, wait_s=REJOIN_S):
+    """Every host of `hosts` is back for `attempt`, or ClusterError naming
+    the ones that are not (on the master) or the master (on a worker)."""
+    deadline = time.monotonic() + wait_s
+    if host == master:
+        workers = [h for h in hosts if h != master]
+        control = MasterControl(port, workers, key)
+        try:
+            missing = control.wait_for_workers(deadline)
+            if missing:
+                raise ClusterError("lost the worker host%s %s between attempts: %s did not "
+                                   "rejoin for restart %d within %.0f s" % (
+                                       "s" if len(missing) > 1 else "", ", ".join(missing),
+                                       "they" if len(missing) > 1 else "it", attempt, wait_s))
+            control.broadcast({"type": "go", "attempt": attempt})
+        finally:
+            control.close()
+        return
+    try:
+        link = WorkerLink.connect(master, port, host, key, deadline)
+    except Refused as e:
+        link, WorkerLink.last_error = None, e
+    if link is None:
+        raise ClusterError("lost the master host %s between attempts: it did not take this "
+                           "host back for restart %d within %.0f s (%s)"
+                           % (master, attempt, wait_s, WorkerLink.last_error))
+    try:
+        # The master's go; its link closing first means it gave up on the job.
+        message = link.receive()
+    finally:
+        link.close()
+    if not message or message.get("type") != "go" or message.get("attempt") != attempt:
+        raise ClusterError("lost the master host %s between attempts: it ended the job "
+                           "before restart %d" % (master, attempt))

@@ -1,0 +1,189 @@
+"""Restarts in place, the pure parts (resilience/restarts.py: the settings,
+the decision) and the attempt record (resilience/attempts.py) on files in
+temp dirs; and bad settings refused by the installed `train` (78, naming
+the variable, before any user code)."""
+import json
+import os
+
+import pytest
+
+from jobs import Job
+from training_toolkit.errors import ConfigError
+from training_toolkit.job.paths import ATTEMPTS_RECORD_NAME, JobPaths
+from training_toolkit.resilience import restarts
+from training_toolkit.resilience.attempts import Attempts, max_step, newest_checkpoint
+from training_toolkit.resilience.restarts import AttemptHistory, decide, parse_codes
+
+
+def settings(**environ):
+    environ.setdefault("TRAINING_TOOLKIT_RESTARTS", "3")
+    return restarts.settings_of(environ)
+
+
+def test_off_by_default_and_the_defaults():
+    assert restarts.settings_of({}) is None
+    s = settings()
+    assert (s.restarts, s.backoff_s, s.window_s, s.max_no_progress) == (3, 5.0, None, 3)
+    assert s.on == {"failure", "hang"}
+    assert s.no_restart_codes == frozenset(range(64, 79))
+    assert s.status()["no_restart_exit_codes"] == "64-78"
+
+
+@pytest.mark.parametrize("text, codes", [
+    ("64-78,137", set(range(64, 79)) | {137}),
+    (" 3 , 5-6 ", {3, 5, 6}),
+    ("none", set()),
+    ("", set(range(64, 79))),
+])
+def test_exit_code_lists(text, codes):
+    assert parse_codes(text) == codes
+    assert parse_codes(restarts.compact(codes)) == codes
+
+
+@pytest.mark.parametrize("variable, value", [
+    ("RESTARTS", "-1"), ("RESTARTS", "two"), ("RESTART_BACKOFF_S", "-5"),
+    ("RESTART_BACKOFF_S", "301"), ("RESTART_WINDOW_S", "0"),
+    ("NO_RESTART_EXIT_CODES", "64-"), ("NO_RESTART_EXIT_CODES", "0-3"),
+    ("NO_RESTART_EXIT_CODES", "78-64"), ("NO_RESTART_EXIT_CODES", "256"),
+    ("RESTART_ON", "crash"), ("RESTART_ON", "failure,"),
+    ("MAX_NO_PROGRESS_RESTARTS", "0"),
+])
+def test_bad_values_are_config_errors_naming_the_variable(variable, value):
+    name = "TRAINING_TOOLKIT_" + variable
+    with pytest.raises(ConfigError) as raised:
+        settings(**{name: value})
+    assert raised.value.exit_code == 78 and raised.value.field == name
+
+
+def history(attempt=0, restarts_done=(), no_progress=0, now=1000.0):
+    return AttemptHistory(attempt, list(restarts_done), no_progress, now)
+
+
+def failure(code=3, cause="failure", progress=True):
+    return {"exit_code": code, "cause": cause, "progress": progress}
+
+
+def test_a_failure_restarts_with_a_doubling_backoff_up_to_300_s():
+    s = settings(TRAINING_TOOLKIT_RESTARTS="20", TRAINING_TOOLKIT_RESTART_BACKOFF_S="5")
+    first = decide(s, failure(), history())
+    assert (first.restart, first.attempt, first.backoff_s) == (True, 1, 5.0)
+    assert decide(s, failure(), history(2, [1.0, 2.0])).backoff_s == 20.0
+    assert decide(s, failure(), history(9, [1.0] * 9)).backoff_s == 300.0
+
+
+def test_the_budget_spent_ends_with_the_failures_own_code():
+    d = decide(settings(TRAINING_TOOLKIT_RESTARTS="2"), failure(7), history(2, [1.0, 2.0]))
+    assert (d.restart, d.exit_code, d.storm) == (False, 7, False)
+    assert "budget is spent (2 of 2)" in d.reason
+
+
+def test_a_window_makes_the_budget_per_window():
+    s = settings(TRAINING_TOOLKIT_RESTARTS="2", TRAINING_TOOLKIT_RESTART_WINDOW_S="60")
+    assert not decide(s, failure(), history(2, [950.0, 990.0])).restart
+    assert decide(s, failure(), history(2, [900.0, 990.0])).restart  # one left the window
+
+
+def test_the_storm_guard_fires_while_budget_is_left_and_not_on_the_last_of_it():
+    s = settings(TRAINING_TOOLKIT_RESTARTS="5")
+    assert decide(s, failure(progress=False), history(1, [1.0], no_progress=1)).restart
+    storm = decide(s, failure(progress=False), history(2, [1.0, 2.0], no_progress=2))
+    assert (storm.restart, storm.exit_code, storm.storm, storm.no_progress) == (
+        False, 93, True, 3)
+    last = decide(settings(TRAINING_TOOLKIT_RESTARTS="2"), failure(4, progress=False),
+                  history(2, [1.0, 2.0], no_progress=2))
+    assert (last.exit_code, last.storm) == (4, False)
+
+
+def test_progress_resets_the_streak_and_no_measure_never_counts():
+    s = settings(TRAINING_TOOLKIT_RESTARTS="9", TRAINING_TOOLKIT_MAX_NO_PROGRESS_RESTARTS="1")
+    assert decide(s, failure(progress=True), history(no_progress=5)).no_progress == 0
+    assert decide(s, failure(progress=None), history(no_progress=0)).restart
+    assert decide(s, failure(progress=False), history()).storm
+
+
+@pytest.mark.parametrize("cause, code, on, reason", [
+    ("stop", 143, "failure,hang", "stopped by a signal"),
+    ("lost", 79, "failure,hang", "a host was lost"),
+    ("hang", 200, "failure", "a hang is not restarted"),
+    ("failure", 1, "hang", "a failure is not restarted"),
+    ("failure", 78, "failure", "a restart cannot fix it"),
+])
+def test_what_is_never_restarted(cause, code, on, reason):
+    d = decide(settings(TRAINING_TOOLKIT_RESTART_ON=on), failure(code, cause), history())
+    assert (d.restart, d.exit_code) == (False, code) and reason in d.reason
+
+
+def test_a_decision_travels_as_a_message():
+    d = decide(settings(), failure(), history())
+    assert restarts.Decision.from_message(dict(d.to_message(), extra=1)) == d
+
+
+def test_max_step_reads_whole_steps_of_every_heartbeat_file(tmp_path):
+    for name, text in (("rank-0", "step=12 phase=train"), ("rank-1", "step=40\n"),
+                       ("rank-2", "phase=eval"), ("rank-3", "step=x")):
+        (tmp_path / name).write_text(text)
+    assert max_step(str(tmp_path)) == 40
+    assert max_step(str(tmp_path / "missing")) is None
+
+
+def test_the_record_is_never_a_checkpoint(tmp_path):
+    (tmp_path / ATTEMPTS_RECORD_NAME).write_text("{}")
+    assert newest_checkpoint(str(tmp_path), None) is None
+    (tmp_path / "step-1").mkdir()
+    (tmp_path / "step-1" / "w.pt").write_text("w")
+    assert newest_checkpoint(str(tmp_path), "done") is None  # no marker: not complete
+    (tmp_path / "step-1" / "done").write_text("")
+    assert newest_checkpoint(str(tmp_path), "done")[0] == "step-1"
+
+
+def test_the_record_counts_attempts_across_trains_of_the_same_job_only(tmp_path):
+    paths = JobPaths(str(tmp_path / "ml"))
+    ckpt = str(tmp_path / "ckpt")
+    os.makedirs(ckpt)
+    s = settings(TRAINING_TOOLKIT_RESTARTS="1")
+
+    def one_train(job, environ):
+        attempts = Attempts(paths, environ, "algo-1", ckpt, True, job)
+        attempts.begin()
+        d = decide(s, attempts.end(3, "failure"), attempts.history())
+        attempts.decided(d)
+        return attempts, d
+
+    first, _ = one_train("job-a", {"SLURM_RESTART_COUNT": "0"})
+    (tmp_path / "ckpt" / "model.pt").write_text("w")  # no marker set: a root file is complete
+    assert first.entries[0]["progress"] is None
+    second, d = one_train("job-a", {"SLURM_RESTART_COUNT": "1"})
+    assert second.earlier == 1 and second.entries[0]["orchestrator_restart"] == 1
+    with open(os.path.join(ckpt, ATTEMPTS_RECORD_NAME)) as f:
+        assert json.load(f)["attempts"] == 2
+    other, _ = one_train("job-b", {})
+    assert other.earlier == 0  # another job's record in a reused dir is not this one's
+    resilience = json.loads(open(paths.resilience_file).read())
+    assert resilience["attempts"][0]["decision"]["restart"] is True
+
+
+@pytest.mark.parametrize("variable, value", [
+    ("RESTARTS", "-1"), ("NO_RESTART_EXIT_CODES", "64-"), ("RESTART_ON", "sometimes"),
+])
+def test_train_refuses_bad_settings_with_78_before_user_code(tmp_path, variable, value):
+    script = "import os\nopen(os.path.join(os.environ['SM_MODEL_DIR'], 'ran'), 'w').close()\n"
+    job = Job(tmp_path, {"train.py": script})
+    name = "TRAINING_TOOLKIT_" + variable
+    r = job.run(timeout=60, env=job.env(**{name: value, "TRAINING_TOOLKIT_RESTARTS": "2"}
+                                        if variable != "RESTARTS" else {name: value}))
+    assert r.returncode == 78, r.stderr.decode()[-2000:]
+    assert name in job.failure()
+    assert not job.exists("model", "ran")
+
+
+def test_a_single_host_job_restarts_in_place(tmp_path):
+    script = ("import os, sys\n"
+              "n = os.environ['TRAINING_TOOLKIT_RESTART_COUNT']\n"
+              "open(os.path.join(os.environ['SM_MODEL_DIR'], 'ran-' + n), 'w').close()\n"
+              "sys.exit(0 if n == '1' else 9)\n")
+    job = Job(tmp_path, {"train.py": script})
+    r = job.run(timeout=60, env=job.env(TRAINING_TOOLKIT_RESTARTS="1",
+                                        TRAINING_TOOLKIT_RESTART_BACKOFF_S="0"))
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    assert job.exists("model", "ran-0") and job.exists("model", "ran-1")
+    assert "attempt 0 failed with exit code 9" in r.stderr.decode()
