@@ -933,3 +933,35 @@ def test_a_stop_whose_checkpoint_cannot_reach_s3_is_not_requeued(tmp_path, s3_se
     assert status["last_durable"]["name"] == "step-1", status
     assert status["preemption"]["flushed"] is False, status["preemption"]
     assert "step-2" in job.failure(), job.failure()
+
+
+# --------------------------------------------------------------------------
+# Restarts in place: the attempt record travels with the checkpoints
+# --------------------------------------------------------------------------
+
+NEVER_GETS_FURTHER = """
+with open(os.environ["TRAINING_TOOLKIT_HEARTBEAT_FILE"], "w") as f:
+    f.write("step=5\\n")
+sys.exit(3)
+"""
+
+
+def test_the_attempt_record_survives_a_fresh_tree_through_s3_and_the_guard_spans_it(
+        tmp_path, s3_server, bucket):
+    """A SageMaker spot restart: the same job on a fresh job tree, its
+    checkpoint dir restored from the prefix. The first run: attempt 0 gets
+    to its step, attempt 1 does not (1 in a row) and spends the budget: 3.
+    The second run restores the record with the checkpoints: its attempt 0
+    is the second in a row without progress, so 93 with budget left."""
+    settings = dict(TRAINING_TOOLKIT_RESTARTS=1, TRAINING_TOOLKIT_RESTART_BACKOFF_S=0,
+                    TRAINING_TOOLKIT_MAX_NO_PROGRESS_RESTARTS=2)
+    job, env = ckpt_job(tmp_path / "first", NEVER_GETS_FURTHER, bucket, s3_server, **settings)
+    run(job, env, code=3)
+    record = json.loads(objects(s3_server, bucket)[".training-toolkit-attempts.json"])
+    assert (record["attempts"], record["no_progress"], record["best_step"]) == (2, 1, 5)
+    assert ckpt_status(job).get("newest") is None  # the record is no checkpoint
+    job, env = ckpt_job(tmp_path / "second", NEVER_GETS_FURTHER, bucket, s3_server, **settings)
+    run(job, env, code=93)
+    assert job.failure().startswith("NoProgressError: 2 attempts in a row")
+    resilience = json.loads(job.read("output", "data", "resilience.json"))
+    assert resilience["earlier_attempts"] == 2 and len(resilience["attempts"]) == 1

@@ -237,9 +237,9 @@ def run_attempts(env, supervisor, reporter, launch_plan, runner):
     from .resilience.restarts import Decision, decide
 
     checkpoint_dir = os.environ.get(params.CHECKPOINT_DIR_ENV) or env.paths.checkpoints_dir
+    job = context.current()  # the record goes where the job keeps its checkpoints, if it does
     attempts = Attempts(env.paths, os.environ, env.current_host, checkpoint_dir,
-                        params.checkpoints_requested(os.environ)
-                        or os.path.exists(env.paths.checkpoint_config_file),
+                        job is not None and job.checkpoints is not None,
                         "%s|%s" % (env.job_name, env.job_identity))
     made = []  # the decision this host made (the master's, or a lone host's)
 
