@@ -328,6 +328,12 @@ def test_a_hang_is_restarted_when_restart_on_names_it(tmp_path, restart_on, code
         assert job.codes() == codes, {h: r.err.decode()[-2000:] for h, r in job.runs.items()}
         first = attempts_of(job, "algo-1")[0]
         assert first["cause"] == "hang" and first["exit_code"] == 200
+        assert 0.9 <= first["detection_s"] < 60  # from the rank's silence, the timeout included
         if codes["algo-1"] == 200:
             assert "a hang is not restarted" in first["decision"]["reason"]
+            return
+        for index, host in enumerate(job.hosts):  # attempt 0's stacks are kept
+            kept = job.path(host, "output", "data", "hang-attempt-0", host)
+            assert attempts_of(job, host)[0]["stacks"] == "/opt/ml/output/data/hang-attempt-0"
+            assert any(name.startswith("rank-%d" % index) for name in os.listdir(kept)), kept
 

@@ -276,7 +276,10 @@ def run_attempts(env, supervisor, reporter, launch_plan, runner):
             if not failed:
                 attempts.end(0, "exit")
             elif not made and outcome.next is None and launch_plan.role == "single":
-                decide_next({"exit_code": outcome.exit_code or 143, "hang": outcome.hang})
+                hang = outcome.hang.hang if outcome.hang is not None else None
+                decide_next({"exit_code": outcome.exit_code or 143, "hang": hang,
+                             "failed_at": hang and hang.detected_at - hang.silent_s,
+                             "learned_at": hang and hang.detected_at})
             elif not made:  # a worker: the master's decision, or none (a stop)
                 attempts.end(outcome.exit_code or 143, _cause(
                     {"hang": outcome.hang, "exit_code": outcome.exit_code}, supervisor))

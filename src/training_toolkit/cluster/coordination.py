@@ -208,11 +208,12 @@ class JobMaster:
         if self.decide_next is None or message["exit_code"] == 0:
             return
         wall = time.time() - time.monotonic()
-        failed = [e.at for e in self.control.exits if e.exit_code] + [
-            w.at for w in self.control.lost]
+        failed = [wall + e.at for e in self.control.exits if e.exit_code] + [
+            wall + w.at for w in self.control.lost]
+        if self.hang is not None:  # it began when the rank fell silent
+            failed = [self.hang.hang.detected_at - self.hang.hang.silent_s]
         message["next"] = self.decide_next(dict(
-            message, failed_at=wall + min(failed) if failed else None,
-            learned_at=self.learned_at))
+            message, failed_at=min(failed) if failed else None, learned_at=self.learned_at))
 
     def _hang_verdict(self, local, tail_of):
         hang = self.hang.hang

@@ -258,8 +258,16 @@ class JobPaths:
         """The attempt record where the job has no checkpoint dir in use."""
         return self._join("toolkit", "attempts.json")
 
+    @property
+    def hangs_dir(self):
+        return self._join("output", "data", "hang")
+
+    def attempt_hangs_dir(self, attempt):
+        """Where a restarted attempt's stacks are kept (hangs_dir, moved)."""
+        return self._join("output", "data", "hang-attempt-%d" % attempt)
+
     def hang_dir(self, host):
         """Where this host's ranks' stacks go on a hang verdict (and, in a
         `sigquit-<time>` dir below, on SIGQUIT): in output/data, so the
         job's output.tar.gz carries them."""
-        return self._join("output", "data", "hang", host)
+        return os.path.join(self.hangs_dir, host)

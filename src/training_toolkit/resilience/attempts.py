@@ -150,7 +150,21 @@ class Attempts:
         if decision.restart:
             self.restart_times.append(time.monotonic())
             entry["backoff_s"] = decision.backoff_s
+            self._keep_stacks(entry)
         self.save()
+
+    def _keep_stacks(self, entry):
+        """The attempt's stacks (a hang, SIGQUIT) stay, out of the next one's way."""
+        kept = self.paths.attempt_hangs_dir(entry["attempt"])
+        try:
+            os.replace(self.paths.hangs_dir, kept)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            log.warning("cannot keep attempt %d's stacks in %s: %s" % (
+                entry["attempt"], kept, e.strerror or e))
+            return
+        entry["stacks"] = kept
 
     def save(self):
         """The record (for the next `train`) and resilience.json."""
