@@ -1,7 +1,10 @@
 """Keeping long runs alive: the hang watchdog (`settings`, `watchdog`,
 `hang`), HyperPod's log rules (`rules`), every rank's stack without ptrace
-(`stacks`, armed in each Python rank by `boot/sitecustomize.py`), and
+(`stacks`, armed in each Python rank by `boot/sitecustomize.py`),
 checkpoints that survive preemption (`checkpoints`, `restore`, on the
-intermediate output's sync). A mechanism beside `supervise/`: it imports the
-base, `job/` and `intermediate/` only, and nothing of it is imported while
-the watchdog and the checkpoint wing are off."""
+intermediate output's sync), restarts in place (`restarts`, the decision;
+`attempts`, the record), and the pre-flight's checks of a host (`preflight`,
+`probes`; cluster/preflight.py runs them across the hosts). A mechanism
+beside `supervise/`: it imports the base, `job/` and `intermediate/` only,
+and nothing of it is imported while the watchdog, the checkpoint wing,
+restarts and the pre-flight are off."""
