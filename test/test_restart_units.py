@@ -187,3 +187,27 @@ def test_a_single_host_job_restarts_in_place(tmp_path):
     assert r.returncode == 0, r.stderr.decode()[-2000:]
     assert job.exists("model", "ran-0") and job.exists("model", "ran-1")
     assert "attempt 0 failed with exit code 9" in r.stderr.decode()
+
+
+def test_the_orchestrators_own_count_of_restarts_is_recorded():
+    from training_toolkit.resilience.attempts import _orchestrator_restart
+
+    assert _orchestrator_restart({"SLURM_RESTART_COUNT": "2"}) == 2
+    assert _orchestrator_restart({"AWS_BATCH_JOB_ATTEMPT": "3"}) == 2  # Batch counts from 1
+    assert _orchestrator_restart({}) is None
+
+
+def test_plan_says_what_restarts_will_do(tmp_path):
+    import subprocess
+    import sys
+
+    job = Job(tmp_path, {"train.py": "pass\n"})
+    cli = [sys.executable, "-m", "training_toolkit.cli", "plan", "--job-dir", job.base]
+    out = subprocess.run(cli, env=job.env(TRAINING_TOOLKIT_RESTARTS="3",
+                                          TRAINING_TOOLKIT_RESTART_WINDOW_S="600"),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "restarts: 3 per 600s, on failure and hang, after 5s doubling up to 300s; exit " \
+           "codes 64-78 end the job; 93 after 3 attempts in a row without progress" in out.stdout
+    off = subprocess.run(cli, env=job.env(), capture_output=True, text=True, timeout=60)
+    assert "restarts: off (TRAINING_TOOLKIT_RESTARTS unset)" in off.stdout

@@ -63,15 +63,21 @@ def cmd_plan(args):
     from ..resilience.checkpoints import settings_of
 
     checkpoints = settings_of(os.environ, env.paths, env.current_host)
+    from ..resilience.restarts import settings_of as restart_settings
+
+    restarts = restart_settings(os.environ)
     if args.json:
         print(json.dumps(dict(mask(launch.to_dict()), hang_watchdog=watchdog,
-                              checkpoints=checkpoints.status()), indent=2))
+                              checkpoints=checkpoints.status(),
+                              restarts=restarts and restarts.status()), indent=2))
         return 0
     print("runner: %s\nhost:   %s (%s)" % (launch.runner, launch.host, launch.role))
     for note in launch.notes:
         print("note:   %s" % note)
     print("hang watchdog: %s" % (watchdog or "off (%s unset)" % params.HANG_TIMEOUT_ENV))
     print("checkpoints: %s" % checkpoints.describe())
+    print("restarts: %s" % (restarts.describe() if restarts is not None
+                            else "off (%s unset)" % params.RESTARTS_ENV))
     cmd = launch.command
     if cmd is None:
         return 0

@@ -43,6 +43,15 @@ class RestartSettings:
                 "no_restart_exit_codes": compact(self.no_restart_codes)}
 
 
+    def describe(self):
+        """One line for `training-toolkit plan`."""
+        return ("%d%s, on %s, after %gs doubling up to %gs; exit codes %s end the job; 93 after "
+                "%d attempts in a row without progress" % (
+                    self.restarts, " per %gs" % self.window_s if self.window_s else "",
+                    " and ".join(sorted(self.on)), self.backoff_s, MAX_BACKOFF_S,
+                    compact(self.no_restart_codes), self.max_no_progress))
+
+
 def settings_of(environ):
     """The restart settings, or None while TRAINING_TOOLKIT_RESTARTS is 0;
     every bad value is a ConfigError naming its variable (78). The others
