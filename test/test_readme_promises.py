@@ -295,9 +295,11 @@ def test_local_hosts_runs_one_train_per_host(tmp_path):
         seen = json.loads((job_dir / host / "model" / "seen.json").read_text())
         assert seen == {"host": host, "hostname": host, "hosts": ["algo-1", "algo-2"],
                         "argv": ["--epochs", "2"]}
-    assert (job_dir / "algo-1" / "output" / "success").exists()
-    assert (job_dir / "algo-2" / "output" / "failure").exists()
-    assert "algo-1: succeeded" in err and "algo-2: failed with exit code 3" in err
+    # One job: algo-2's failure ends algo-1 too, its `failure` naming algo-2.
+    for host in ("algo-1", "algo-2"):
+        failure = (job_dir / host / "output" / "failure").read_text()
+        assert "exit code 3 on rank 1 on algo-2" in failure.splitlines()[0], failure
+    assert "algo-2: failed with exit code 3" in err
 
 
 @pytest.mark.usefixtures("cluster_supported")

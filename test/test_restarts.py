@@ -337,3 +337,33 @@ def test_a_hang_is_restarted_when_restart_on_names_it(tmp_path, restart_on, code
             assert attempts_of(job, host)[0]["stacks"] == "/opt/ml/output/data/hang-attempt-0"
             assert any(name.startswith("rank-%d" % index) for name in os.listdir(kept)), kept
 
+
+
+FILLS_ITS_DISK = """
+import os, sys
+if os.environ["SM_CURRENT_HOST"] == "algo-2":
+    with open(os.path.join(os.environ["TRAINING_TOOLKIT_CHECKPOINT_DIR"], "junk"), "wb") as f:
+        f.write(b"x" * 800_000)
+sys.exit(3)
+"""
+
+
+def test_the_preflight_before_a_restart_names_a_host_that_broke_in_between(tmp_path):
+    """algo-2's checkpoint dir (a 1 MB tmpfs) passes the first pre-flight;
+    the first attempt fills it and fails; the basic pre-flight before the
+    restart names algo-2, and every host exits 202 without a second attempt."""
+    with ClusterJob(tmp_path, 2, {"train.py": FILLS_ITS_DISK}) as job:
+        os.makedirs(job.path("algo-2", "checkpoints"), exist_ok=True)
+        mounted = job.cluster.run("algo-2", ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs",
+                                             "/opt/ml/checkpoints"],
+                                  capture_output=True, text=True, timeout=30)
+        assert mounted.returncode == 0, mounted.stderr
+        job.start(TRAINING_TOOLKIT_RESTARTS=2, TRAINING_TOOLKIT_RESTART_BACKOFF_S=0.1,
+                  TRAINING_TOOLKIT_PREFLIGHT="basic",
+                  TRAINING_TOOLKIT_PREFLIGHT_MIN_FREE_GB="0.0005").wait(timeout=120)
+        assert job.codes() == {h: 202 for h in job.hosts}, {
+            h: r.err.decode()[-2000:] for h, r in job.runs.items()}
+        for host in job.hosts:
+            assert "algo-2: /opt/ml/checkpoints:" in job.read(host, "output", "failure")
+            records = attempts_of(job, host)
+            assert [r["cause"] for r in records] == ["failure", "preflight"], records

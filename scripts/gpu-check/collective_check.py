@@ -54,3 +54,8 @@ if rank == 0:
 dist.destroy_process_group()
 if not ok:
     raise SystemExit("all_reduce gave a wrong sum")
+# gpu-check's restart case: the first attempt fails after its collectives,
+# and `train` (TRAINING_TOOLKIT_RESTARTS) must run the job again.
+if os.environ.get("CRASH_ON_FIRST_ATTEMPT") and \
+        os.environ.get("TRAINING_TOOLKIT_RESTART_COUNT") == "0":
+    raise SystemExit(3)

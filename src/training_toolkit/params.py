@@ -132,6 +132,9 @@ CHECKPOINT_STRICT_ENV = "TRAINING_TOOLKIT_CHECKPOINT_STRICT"
 CHECKPOINT_FLUSH_ENV = "TRAINING_TOOLKIT_CHECKPOINT_FLUSH_S"
 REQUEUE_EXIT_CODE_ENV = "TRAINING_TOOLKIT_REQUEUE_EXIT_CODE"
 STOP_FILE_ENV = "TRAINING_TOOLKIT_STOP_FILE"  # exported to each rank; created at a stop notice
+# 1: the process runner runs this host's process on its own, as the reference
+# does (no fail-fast across hosts): a host of a multi-host tree run alone.
+PROCESS_ALONE_ENV = "TRAINING_TOOLKIT_PROCESS_ALONE"
 # Restarts in place (resilience/restarts.py): on when RESTARTS is over 0.
 RESTARTS_ENV = "TRAINING_TOOLKIT_RESTARTS"
 RESTART_ON_ENV = "TRAINING_TOOLKIT_RESTART_ON"   # failure, hang, or both (the default)
@@ -172,6 +175,7 @@ SETTINGS = {
     CHECKPOINT_STRICT_ENV: (int, 0, 1, 0),
     CHECKPOINT_FLUSH_ENV: (float, 0, MAX_GRACE_SECONDS, None),  # default: measured
     REQUEUE_EXIT_CODE_ENV: (int, 1, 255, None),
+    PROCESS_ALONE_ENV: (int, 0, 1, 0),
     RESTARTS_ENV: (int, 0, None, 0),
     RESTART_BACKOFF_ENV: (float, 0, 300, 5.0),
     RESTART_WINDOW_ENV: (float, 1e-3, None, None),   # default: one budget for the whole job
@@ -313,6 +317,12 @@ def hang_watch_requested(environ):
     refused when bad, only then: off, nothing of it is imported)."""
     return any(environ.get(name, "").strip() not in ("", "0") for name in (
         HANG_TIMEOUT_ENV, LOG_RULES_FILE_ENV, HANG_REGEX_ENV, HANG_PHASE_TIMEOUTS_ENV))
+
+
+def restarts_requested(environ):
+    """Whether TRAINING_TOOLKIT_RESTARTS asks for restarts in place (checked
+    by `train` at start: a rank reads it without checking it again)."""
+    return environ.get(RESTARTS_ENV, "").strip() not in ("", "0")
 
 
 def checkpoints_requested(environ):

@@ -176,16 +176,21 @@ def named_entry_point(env, entry_point):
 
 
 def plan(env, entry_point=None, args=None, runner_type=None, env_vars=None, extra_opts=None,
-         command=None):
+         command=None, one_job=False):
     """The launch plan for this host (pure: nothing is started). An explicit
     `command` (`train -- COMMAND`) runs as each rank where the job's runner
-    starts ranks (torchrun, MPI, SMDDP), else once as it is."""
+    starts ranks (torchrun, MPI, SMDDP), else once as it is. `one_job`:
+    `train`'s own flow, where the process runner's hosts are one job."""
     runner_type = runner_type or select(env)
+    if one_job and runner_type == RunnerType.Process:
+        from .runners.process import ONE_JOB
+
+        extra_opts = dict(extra_opts or {}, **{ONE_JOB: True})
     if command:
         if runner_type not in RANK_RUNNERS:
             from .runners import process
 
-            return process.plan_command(env, command, env_vars)
+            return process.plan_command(env, command, env_vars, extra_opts)
         return load(runner_type).plan(env, command[0], [], extra_env=env_vars,
                                       options=extra_opts or {}, command=command)
     entry_point = named_entry_point(env, entry_point or env.user_entry_point)
@@ -213,7 +218,7 @@ def preflight(env, reporter, again=False):
     PreflightError (202) on every host, naming the host and the check."""
     if os.environ.get(params.PREFLIGHT_ENV, "").strip() in ("", "off"):
         return
-    from .resilience import preflight as checks
+    from .cluster import preflight as checks
 
     settings = checks.settings_of(os.environ)
     if settings is None:
@@ -227,9 +232,11 @@ def run_attempts(env, supervisor, reporter, launch_plan, runner):
     attempt as the master decides (resilience/restarts.py): every host runs
     its part again, after the backoff, in the same job tree. Returns the
     last attempt's Outcome (its `next`: the decision that ended the job)."""
-    from .resilience.restarts import settings_of
+    settings = None
+    if params.restarts_requested(os.environ):  # off: nothing of it is imported
+        from .resilience.restarts import settings_of
 
-    settings = settings_of(os.environ)
+        settings = settings_of(os.environ)
     if settings is None:
         preflight(env, reporter)
         return _phase(reporter, "run", runner.run, launch_plan, supervisor, env, reporter)
@@ -243,9 +250,14 @@ def run_attempts(env, supervisor, reporter, launch_plan, runner):
                         "%s|%s" % (env.job_name, env.job_identity))
     made = []  # the decision this host made (the master's, or a lone host's)
 
+    def durable():
+        """The newest checkpoint known to be in S3, where the job syncs them."""
+        newest = job.checkpoints.last_durable() if job and job.checkpoints else None
+        return newest["name"] if newest else None
+
     def decide_next(verdict):
         failure = attempts.end(verdict["exit_code"], _cause(verdict, supervisor),
-                               verdict.get("failed_at"), verdict.get("learned_at"))
+                               verdict.get("failed_at"), verdict.get("learned_at"), durable())
         made.append(decide(settings, failure, attempts.history()))
         return made[-1].to_message()
 
@@ -274,7 +286,7 @@ def run_attempts(env, supervisor, reporter, launch_plan, runner):
                 raise
             failed = outcome.exit_code != 0 or outcome.terminated_by_us
             if not failed:
-                attempts.end(0, "exit")
+                attempts.end(0, "exit", durable=durable())
             elif not made and outcome.next is None and launch_plan.role == "single":
                 hang = outcome.hang.hang if outcome.hang is not None else None
                 decide_next({"exit_code": outcome.exit_code or 143, "hang": hang,
@@ -282,7 +294,8 @@ def run_attempts(env, supervisor, reporter, launch_plan, runner):
                              "learned_at": hang and hang.detected_at})
             elif not made:  # a worker: the master's decision, or none (a stop)
                 attempts.end(outcome.exit_code or 143, _cause(
-                    {"hang": outcome.hang, "exit_code": outcome.exit_code}, supervisor))
+                    {"hang": outcome.hang, "exit_code": outcome.exit_code}, supervisor),
+                    durable=durable())
             decision = made[-1] if made else (
                 Decision.from_message(outcome.next) if outcome.next else None)
             if decision is None:
@@ -337,7 +350,7 @@ def _sleep(seconds):
 
 
 def launch(env, supervisor, reporter, entry_point=None, args=None, runner_type=None,
-           env_vars=None, extra_opts=None, wait=True, command=None):
+           env_vars=None, extra_opts=None, wait=True, command=None, one_job=False):
     """Run the prepared code; returns the Outcome of a successful run and
     raises ExecuteUserScriptError for a failed one. With wait=False, returns
     the started process of a single-process plan instead."""
@@ -347,7 +360,8 @@ def launch(env, supervisor, reporter, entry_point=None, args=None, runner_type=N
         check_entry_point(env, entry_point)
     else:
         entry_point = command[0]
-    launch_plan = plan(env, entry_point, args, runner_type, env_vars, extra_opts, command)
+    launch_plan = plan(env, entry_point, args, runner_type, env_vars, extra_opts, command,
+                       one_job)
     if not wait:
         cmd = launch_plan.command
         return supervisor.start(cmd.argv, env=cmd.full_env(), cwd=cmd.cwd, relay_stderr=False)
@@ -377,11 +391,12 @@ def launch(env, supervisor, reporter, entry_point=None, args=None, runner_type=N
 
 def execute(env, supervisor, reporter, uri=None, entry_point=None, args=None,
             runner_type=None, env_vars=None, extra_opts=None, wait=True, command=None):
-    """Fetch, install and run (see `launch`)."""
+    """`train`'s own flow: fetch, install and run (see `launch`). The process
+    runner's hosts are one job here (runners/process.py)."""
     prepare(env, supervisor, reporter, uri,
             None if command is not None else entry_point or env.user_entry_point)
     return launch(env, supervisor, reporter, entry_point, args, runner_type, env_vars,
-                  extra_opts, wait, command)
+                  extra_opts, wait, command, one_job=True)
 
 
 def current_job():

@@ -58,7 +58,7 @@ def cmd_plan(args):
 
     env = _environment(args)
     check_entry_point_before_fetch(env)  # as `train` would fail, before its install
-    launch = plan(env)
+    launch = plan(env, one_job=True)  # as `train` runs it
     watchdog = _hang_watchdog(os.environ)
     from ..resilience.checkpoints import settings_of
 

@@ -122,7 +122,7 @@ def run_for_job(settings, env, environ, reporter, basic_only=False):
     record.write(env.paths.preflight_file)
     reporter.set(preflight_checks=record.summary(time.monotonic() - started))
     if failures:
-        raise PreflightError("the pre-flight (%s) failed:\n%s" % (level, "\n".join(failures)))
+        raise PreflightError(preflight.failure_message(level, failures))
     log.info("pre-flight (%s): every check of %d host(s) passed in %.2f s"
              % (level, n, time.monotonic() - started))
 
@@ -161,6 +161,7 @@ class Listener:
         self.key, self.host, self.round = key, host, round_
         self.deadline = deadline
         self._server = socket.create_server(("", port), backlog=128)
+        self.port = self._server.getsockname()[1]
         self._closed = False
         threading.Thread(target=self._accept, name="preflight-listen", daemon=True).start()
 

@@ -182,7 +182,7 @@ def main(argv=None):
         if hang_settings is not None:
             watch, env = hang.watch_rank(hang_settings, JobPaths.from_environ(env), rank,
                                          host, env)
-    if env.get(params.RESTARTS_ENV, "").strip() not in ("", "0"):
+    if params.restarts_requested(env):
         env = dict(env, **restart_env(JobPaths.from_environ(env), rank, env))
     proc = supervisor.start(program, env=env, cwd=cwd, relay_stdout=True,
                             line_at_a_time=True, tag=tags, watch=watch)

@@ -237,13 +237,28 @@ class HostRecord:
 def failure_lines(reports, missing, timeout_s):
     """The job's failures, one line each, in host order: `reports` maps
     each reporting host to its checks; each host of `missing` did not
-    report."""
-    lines = []
+    report. A failure several hosts report alike (a collective that timed
+    out) is one line naming them all."""
+    hosts_of = {}  # message -> the hosts that failed it, in order
     for host, checks in reports.items():
-        lines.extend("%s: %s" % (host, c.message) for c in checks if c.failed_hard)
+        for c in checks:
+            if c.failed_hard:
+                hosts_of.setdefault(c.message, []).append(host)
+    lines = ["%s: %s" % (", ".join(hosts), message) for message, hosts in hosts_of.items()]
     lines.extend("%s: did not report its pre-flight within %g s" % (host, timeout_s)
                  for host in missing)
     return lines
+
+
+def failure_message(level, lines):
+    """The PreflightError's message: its first line (what stderr shows)
+    names the failed check, or how many failed and on which hosts; the
+    failure file lists every one."""
+    if len(lines) == 1:
+        return "pre-flight (%s): %s" % (level, lines[0])
+    hosts = sorted({host for line in lines for host in line.partition(": ")[0].split(", ")})
+    return "pre-flight (%s): %d checks failed, on %s\n%s" % (
+        level, len(lines), ", ".join(hosts), "\n".join(lines))
 
 
 def log_warnings(checks):

@@ -12,15 +12,23 @@ from .plan import Command, LaunchPlan, base_env, program_cwd, user_program
 NAME = "process"
 
 
+# The plan option of `train`'s own flow: on several hosts, the hosts' processes
+# are one job. A framework hook's entry_point.run keeps the reference's
+# semantics, a process per host on its own (the hook decides what runs where).
+ONE_JOB = "one_job"
+
+
 def one_job(env):
     """Whether every host of `env` runs this runner as one job: several
-    hosts, and no distribution instance group whose hosts run another
-    runner (a heterogeneous job's other hosts run their process alone)."""
-    return len(env.hosts) > 1 and not (env.is_hetero and env.distribution_instance_groups)
+    hosts, no distribution instance group whose hosts run another runner (a
+    heterogeneous job's other hosts run their process alone), and no
+    TRAINING_TOOLKIT_PROCESS_ALONE=1."""
+    return len(env.hosts) > 1 and not (env.is_hetero and env.distribution_instance_groups) \
+        and not params.setting(os.environ, params.PROCESS_ALONE_ENV)
 
 
-def _role(env):
-    if not one_job(env):
+def _role(env, options):
+    if not (options or {}).get(ONE_JOB) or not one_job(env):
         return "single", ()
     return ("master" if env.current_host == env.master_hostname else "worker",
             ("one process on each of %d hosts; the first to fail ends every host" % len(
@@ -32,15 +40,15 @@ def plan(env, entry_point, args, extra_env=None, options=None):
         argv = [resources.which("bash") or "/bin/sh", "-c", env.shell_command]
     else:
         argv = user_program(env, entry_point, args)[1]
-    role, notes = _role(env)
+    role, notes = _role(env, options)
     return LaunchPlan(NAME, env.current_host, role,
                       Command(argv, base_env(env, extra_env), env.code_dir), notes=notes)
 
 
-def plan_command(env, command, extra_env=None):
+def plan_command(env, command, extra_env=None, options=None):
     """An explicit command (`train -- COMMAND [ARGS]`), run once as it is
     (found on PATH, never through a shell), where plan.program_cwd says."""
-    role, notes = _role(env)
+    role, notes = _role(env, options)
     return LaunchPlan(NAME, env.current_host, role,
                       Command(command, base_env(env, extra_env), program_cwd(env, command)),
                       notes=("an explicit command, instead of the job's entry point",) + notes)
@@ -63,9 +71,12 @@ def run(launch_plan, supervisor, env, reporter):
 
         settings = hang.settings_of(os.environ)
     if settings is None:
-        from .process_job import with_heartbeat
+        full_env = cmd.full_env()
+        if params.restarts_requested(full_env):  # the heartbeat file measures progress
+            from ..cluster.rank import restart_env
 
-        supervisor.start(cmd.argv, env=with_heartbeat(env.paths, 0, cmd.full_env()), cwd=cmd.cwd)
+            full_env.update(restart_env(env.paths, 0, full_env))
+        supervisor.start(cmd.argv, env=full_env, cwd=cmd.cwd)
         supervisor.on_dump = lambda: dump_here(env, supervisor, False)
         try:
             return supervisor.wait()

@@ -19,15 +19,6 @@ from ..cluster.coordination import JobMaster, JobWorker
 WAIT_STEP_S = 0.5
 
 
-def with_heartbeat(paths, rank, env):
-    """`env`, with the heartbeat file where restarts measure progress by it."""
-    if env.get(params.RESTARTS_ENV, "").strip() in ("", "0"):
-        return env
-    from ..cluster.rank import restart_env
-
-    return dict(env, **restart_env(paths, rank, env))
-
-
 def run_job(launch_plan, supervisor, env, reporter):
     rank = list(env.hosts).index(env.current_host)
     job = _ProcessJob(launch_plan, supervisor, env, reporter, rank)
@@ -67,7 +58,11 @@ class _ProcessJob:
 
     def _start(self, on_hang):
         """Start the process (watched, with the watchdog on); returns the watchdog or None."""
-        env = with_heartbeat(self.env.paths, self.rank, self.cmd.full_env())
+        env = self.cmd.full_env()
+        if params.restarts_requested(env):  # the heartbeat file measures progress
+            from ..cluster.rank import restart_env
+
+            env.update(restart_env(self.env.paths, self.rank, env))
         if self.hangs is None:
             self.supervisor.start(self.cmd.argv, env=env, cwd=self.cmd.cwd)
             return None
