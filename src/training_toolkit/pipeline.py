@@ -211,10 +211,10 @@ def prepare(env, supervisor, reporter, uri=None, entry_point=None):
     _phase(reporter, "install", install_dependencies, env, supervisor)
 
 
-def preflight(env, reporter, again=False):
-    """TRAINING_TOOLKIT_PREFLIGHT (resilience/preflight.py): every host's
-    checks, decided job-wide, before the first user process (and, `again`,
-    before each restart: its basic checks only). A hard failure is a
+def preflight(env, reporter, attempt=0):
+    """TRAINING_TOOLKIT_PREFLIGHT (cluster/preflight.py): every host's
+    checks, decided job-wide, before the first user process (and before
+    each restart, `attempt`: its basic checks only). A hard failure is a
     PreflightError (202) on every host, naming the host and the check."""
     if os.environ.get(params.PREFLIGHT_ENV, "").strip() in ("", "off"):
         return
@@ -224,7 +224,7 @@ def preflight(env, reporter, again=False):
     if settings is None:
         return
     with reporter.span("preflight"):
-        checks.run_for_job(settings, env, os.environ, reporter, basic_only=again)
+        checks.run_for_job(settings, env, os.environ, reporter, attempt)
 
 
 def run_attempts(env, supervisor, reporter, launch_plan, runner):
@@ -276,7 +276,7 @@ def run_attempts(env, supervisor, reporter, launch_plan, runner):
             try:
                 if attempts.number:
                     _rejoin(env, launch_plan, attempts.number)
-                preflight(env, reporter, again=attempts.number > 0)
+                preflight(env, reporter, attempts.number)
                 outcome = _phase(reporter, "run", runner.run, launch_plan, supervisor, env,
                                  reporter)
             except (ClusterError, PreflightError) as error:  # a host lost, or not fit to run

@@ -32,7 +32,6 @@ module is the pre-flight's entry (`run_for_job`); its settings, checks and
 record are resilience/preflight.py's.
 """
 import fcntl
-import itertools
 import socket
 import struct
 import termios
@@ -58,16 +57,15 @@ CHUNK = 1 << 20
 # idle no longer than this.
 PEER_IDLE_S = 10.0
 
-_rounds = itertools.count()
-
-
-def run_for_job(settings, env, environ, reporter, basic_only=False):
-    """This host's pre-flight, decided job-wide (see the module docstring):
-    returns when no host failed hard, else raises PreflightError naming
-    each failed host and check. `basic_only`: the basic checks whatever the
-    level (the pre-flight before a restart)."""
-    round_ = next(_rounds)
-    level = "basic" if basic_only else settings.level
+def run_for_job(settings, env, environ, reporter, attempt=0):
+    """This host's pre-flight before `attempt` (its round), decided job-wide
+    (see the module docstring): returns when no host failed hard, else
+    raises PreflightError naming each failed host and check. Before a
+    restart (`attempt` > 0), the basic checks whatever the level, recorded
+    beside the first pre-flight's."""
+    round_ = attempt
+    level = "basic" if attempt else settings.level
+    results = env.paths.preflight_file_for(attempt)
     started = time.monotonic()
     deadline = started + settings.timeout_s
     hosts, me = list(env.hosts), env.current_host
@@ -104,7 +102,7 @@ def run_for_job(settings, env, environ, reporter, basic_only=False):
             checks += allreduce.finish()
         record.checks = checks
         record.ended = time.time()
-        record.write(env.paths.preflight_file)
+        record.write(results)
         preflight.log_warnings(checks)
         if n == 1:
             failures = preflight.failure_lines({me: checks}, [], settings.timeout_s)
@@ -119,7 +117,7 @@ def run_for_job(settings, env, environ, reporter, basic_only=False):
         if listener is not None:
             listener.close()
     record.job_failures = failures
-    record.write(env.paths.preflight_file)
+    record.write(results)
     reporter.set(preflight_checks=record.summary(time.monotonic() - started))
     if failures:
         raise PreflightError(preflight.failure_message(level, failures))

@@ -246,7 +246,12 @@ class JobPaths:
     @property
     def preflight_file(self):
         """This host's pre-flight results (TRAINING_TOOLKIT_PREFLIGHT)."""
-        return self._join("output", "data", "preflight.json")
+        return self.preflight_file_for(0)
+
+    def preflight_file_for(self, attempt):
+        """The results of the pre-flight before `attempt` (0: the first)."""
+        return self._join("output", "data", "preflight%s.json" % (
+            "-attempt-%d" % attempt if attempt else ""))
 
     @property
     def resilience_file(self):
