@@ -240,80 +240,112 @@ def run_attempts(env, supervisor, reporter, launch_plan, runner):
     if settings is None:
         preflight(env, reporter)
         return _phase(reporter, "run", runner.run, launch_plan, supervisor, env, reporter)
-    from .resilience.attempts import Attempts
-    from .resilience.restarts import Decision, decide
+    return AttemptLoop(env, supervisor, reporter, launch_plan, settings).run(runner)
 
-    checkpoint_dir = os.environ.get(params.CHECKPOINT_DIR_ENV) or env.paths.checkpoints_dir
-    job = context.current()  # the record goes where the job keeps its checkpoints, if it does
-    attempts = Attempts(env.paths, os.environ, env.current_host, checkpoint_dir,
-                        job is not None and job.checkpoints is not None,
-                        "%s|%s" % (env.job_name, env.job_identity))
-    made = []  # the decision this host made (the master's, or a lone host's)
 
-    def durable():
+class AttemptLoop:
+    """One host's attempts of a job with restarts in place. The master (or
+    a lone host) decides after a failed attempt, inside the verdict
+    (Supervisor.decide_next); a worker follows the decision the verdict
+    brought. Each attempt is recorded (resilience/attempts.py)."""
+
+    def __init__(self, env, supervisor, reporter, launch_plan, settings):
+        from .resilience.attempts import Attempts
+
+        self.env, self.supervisor, self.reporter = env, supervisor, reporter
+        self.launch_plan, self.settings = launch_plan, settings
+        self.job = context.current()
+        checkpoint_dir = os.environ.get(params.CHECKPOINT_DIR_ENV) or env.paths.checkpoints_dir
+        # The record goes where the job keeps its checkpoints, if it does.
+        self.attempts = Attempts(env.paths, os.environ, env.current_host, checkpoint_dir,
+                                 self.job is not None and self.job.checkpoints is not None,
+                                 "%s|%s" % (env.job_name, env.job_identity))
+        self.made = None  # the decision this host made on the current attempt
+
+    def durable(self):
         """The newest checkpoint known to be in S3, where the job syncs them."""
-        newest = job.checkpoints.last_durable() if job and job.checkpoints else None
+        wing = self.job.checkpoints if self.job is not None else None
+        newest = wing.last_durable() if wing is not None else None
         return newest["name"] if newest else None
 
-    def decide_next(verdict):
-        failure = attempts.end(verdict["exit_code"], _cause(verdict, supervisor),
-                               verdict.get("failed_at"), verdict.get("learned_at"), durable())
-        made.append(decide(settings, failure, attempts.history()))
-        return made[-1].to_message()
+    def decide_next(self, verdict):
+        """The decision after a failed attempt, from the verdict's fields
+        (exit_code, hang, lost, failed_at, learned_at); a message."""
+        from .resilience.restarts import decide
 
-    supervisor.decide_next = decide_next
-    reporter.set(restarts=settings.status())
-    try:
-        while True:
-            made.clear()
-            attempts.begin()
-            count = str(attempts.number)
-            for variables in (launch_plan.user_env, launch_plan.command and
-                              launch_plan.command.env):
-                if variables is not None:
-                    variables[params.RESTART_COUNT_ENV] = count
-            reporter.set(resilience=attempts.summary())
-            try:
-                if attempts.number:
-                    _rejoin(env, launch_plan, attempts.number)
-                preflight(env, reporter, attempts.number)
-                outcome = _phase(reporter, "run", runner.run, launch_plan, supervisor, env,
-                                 reporter)
-            except (ClusterError, PreflightError) as error:  # a host lost, or not fit to run
-                attempts.end(error.exit_code, "preflight" if isinstance(error, PreflightError)
-                             else "lost")
-                attempts.save()
-                raise
-            failed = outcome.exit_code != 0 or outcome.terminated_by_us
-            if not failed:
-                attempts.end(0, "exit", durable=durable())
-            elif not made and outcome.next is None and launch_plan.role == "single":
-                hang = outcome.hang.hang if outcome.hang is not None else None
-                decide_next({"exit_code": outcome.exit_code or 143, "hang": hang,
-                             "failed_at": hang and hang.detected_at - hang.silent_s,
-                             "learned_at": hang and hang.detected_at})
-            elif not made:  # a worker: the master's decision, or none (a stop)
-                attempts.end(outcome.exit_code or 143, _cause(
-                    {"hang": outcome.hang, "exit_code": outcome.exit_code}, supervisor),
-                    durable=durable())
-            decision = made[-1] if made else (
-                Decision.from_message(outcome.next) if outcome.next else None)
-            if decision is None:
-                attempts.save()
-                return outcome
-            attempts.decided(decision)
-            outcome.next = decision.to_message()
-            reporter.set(resilience=attempts.summary())
-            if not decision.restart:
-                log.info("not restarting: %s" % decision.reason)
-                return outcome
-            log.warning("attempt %d failed with exit code %d%s: %s" % (
-                attempts.number, outcome.exit_code or 143,
-                " (%s)" % outcome.where if outcome.where else "", decision.reason))
-            _sleep(decision.backoff_s)  # a SIGTERM here ends the job (143), no more attempts
-    finally:
-        supervisor.decide_next = None
-        reporter.set(resilience=attempts.summary())
+        failure = self.attempts.end(verdict["exit_code"], _cause(verdict, self.supervisor),
+                                    verdict.get("failed_at"), verdict.get("learned_at"),
+                                    self.durable())
+        self.made = decide(self.settings, failure, self.attempts.history())
+        return self.made.to_message()
+
+    def run(self, runner):
+        attempts = self.attempts
+        self.supervisor.decide_next = self.decide_next
+        self.reporter.set(restarts=self.settings.status())
+        try:
+            while True:
+                outcome = self._attempt(runner)
+                decision = self._conclude(outcome)
+                if decision is None:
+                    attempts.save()
+                    return outcome
+                attempts.decided(decision)
+                outcome.next = decision.to_message()
+                self.reporter.set(resilience=attempts.summary())
+                if not decision.restart:
+                    log.info("not restarting: %s" % decision.reason)
+                    return outcome
+                log.warning("attempt %d failed with exit code %d%s: %s" % (
+                    attempts.number, outcome.exit_code or 143,
+                    " (%s)" % outcome.where if outcome.where else "", decision.reason))
+                _sleep(decision.backoff_s)  # a SIGTERM here ends the job (143), no more attempts
+        finally:
+            self.supervisor.decide_next = None
+            self.reporter.set(resilience=attempts.summary())
+
+    def _attempt(self, runner):
+        """One attempt: the hosts rejoin (before a restart), the pre-flight, the runner."""
+        attempts, plan = self.attempts, self.launch_plan
+        self.made = None
+        attempts.begin()
+        for variables in (plan.user_env, plan.command and plan.command.env):
+            if variables is not None:
+                variables[params.RESTART_COUNT_ENV] = str(attempts.number)
+        self.reporter.set(resilience=attempts.summary())
+        try:
+            if attempts.number:
+                _rejoin(self.env, plan, attempts.number)
+            preflight(self.env, self.reporter, attempts.number)
+            return _phase(self.reporter, "run", runner.run, plan, self.supervisor, self.env,
+                          self.reporter)
+        except (ClusterError, PreflightError) as error:  # a host lost, or not fit to run
+            attempts.end(error.exit_code, "preflight" if isinstance(error, PreflightError)
+                         else "lost")
+            attempts.save()
+            raise
+
+    def _conclude(self, outcome):
+        """The decision on the attempt that ended with `outcome`: this
+        host's, the master's the verdict brought, or None (it succeeded, or
+        stopped with no decision)."""
+        from .resilience.restarts import Decision
+
+        if outcome.exit_code == 0 and not outcome.terminated_by_us:
+            self.attempts.end(0, "exit", durable=self.durable())
+            return None
+        hang = outcome.hang.hang if outcome.hang is not None else None
+        if self.made is None and outcome.next is None and self.launch_plan.role == "single":
+            self.decide_next({"exit_code": outcome.exit_code or 143, "hang": hang,
+                              "failed_at": hang and hang.detected_at - hang.silent_s,
+                              "learned_at": hang and hang.detected_at})
+        elif self.made is None:  # a worker: the master's decision, or none (a stop)
+            self.attempts.end(outcome.exit_code or 143, _cause(
+                {"hang": hang, "exit_code": outcome.exit_code}, self.supervisor),
+                durable=self.durable())
+        if self.made is not None:
+            return self.made
+        return Decision.from_message(outcome.next) if outcome.next else None
 
 
 def _rejoin(env, launch_plan, attempt):
