@@ -461,11 +461,10 @@ def test_a_failing_node_and_the_verdict_rule(machine, tmp_path, orchestrator, ru
                                              code, judge):
     """Node 1 exits `code`; the job's verdict is the code of the node the
     orchestrator judges by (`judge`: the Master, the main node), or, for
-    TrainJob, the failing node's. Under torchrun (Kubeflow's default) the
-    failure ends every node with `code`; under the process runner (Batch's
-    default, or TRAINING_TOOLKIT_RUNNER=process) the other node ends with 0
-    on its own, so the rules give different verdicts: 0 for a PyTorchJob or
-    Batch job, `code` for a TrainJob."""
+    TrainJob, the failing node's. Under torchrun (Kubeflow's default) and
+    the process runner (Batch's default, or TRAINING_TOOLKIT_RUNNER=process),
+    the nodes' `train`s are one job: the failure ends every node with
+    `code`, so that every rule gives `code`."""
     variables = {"TRAINING_TOOLKIT_RUNNER": runner} if runner else None
     fail = {failing: code}
     if orchestrator == "batch":  # the main node's end would stop the child before it fails
@@ -473,10 +472,7 @@ def test_a_failing_node_and_the_verdict_rule(machine, tmp_path, orchestrator, ru
     run = _rehearse(tmp_path, orchestrator, 2, fail=fail, variables=variables)
     failed, other = run.pods[1]["name"], run.pods[0]["name"]
     assert run.results[failed] == code, run.why()
-    if orchestrator == "batch" or runner == "process":
-        assert run.results[other] in (0, 143), run.why()  # 143: deleted after the failure
-    else:
-        assert run.results[other] == code, run.why()      # torchrun's fail-fast
+    assert run.results[other] == code, run.why()  # the job's fail-fast
     expected = code if judge is None else run.results[other]
     assert run.code == expected, run.why()
     assert "verdict: %d (%s: " % (expected, orchestrator) in run.err

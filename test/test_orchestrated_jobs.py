@@ -44,7 +44,8 @@ def run_train(tmp_path, variables, argv=("--", "python3", "t.py")):
     (base / "code").mkdir(parents=True, exist_ok=True)  # the image's /opt/ml/code
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SLURM_", "PET_", "AWS_BATCH_", "SM_", "TRAINING_TOOLKIT_"))}
-    env.update(variables, SAGEMAKER_BASE_DIR=str(base))
+    # One node of the placement, run alone: the others' `train`s never come.
+    env.update(variables, SAGEMAKER_BASE_DIR=str(base), TRAINING_TOOLKIT_PROCESS_ALONE="1")
     r = subprocess.run([TRAIN, *argv], cwd=work, env=env, stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, timeout=120)
     return r, base
@@ -174,7 +175,8 @@ def test_a_host_placeholder_gives_each_host_its_own_job_tree(tmp_path):
     (work / "t.py").write_text(SCRIPT)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SLURM_", "PET_", "AWS_BATCH_", "SM_", "TRAINING_TOOLKIT_"))}
-    env.update(slurm_task(0), SAGEMAKER_BASE_DIR=str(tmp_path / "jobs" / "{host}"))
+    env.update(slurm_task(0), SAGEMAKER_BASE_DIR=str(tmp_path / "jobs" / "{host}"),
+               TRAINING_TOOLKIT_PROCESS_ALONE="1")  # node 0 of 2, run alone
     r = subprocess.run([TRAIN, "--", "python3", "t.py"], cwd=work, env=env,
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
     assert r.returncode == 0, r.stderr.decode()

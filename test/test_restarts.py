@@ -127,6 +127,11 @@ def test_a_crash_on_the_first_attempt_restarts_the_job_once_and_it_ends_0(tmp_pa
                     assert seen(job, host, 1, rank)["torchelastic"] == "1"
         master = attempts_of(job, job.hosts[0])
         assert master[0]["step"] is not None and master[0]["progress"] is True
+        # Every host's record dates the failure as the master does.
+        for host in job.hosts[1:]:
+            worker = attempts_of(job, host)
+            assert worker[0]["failed_at"] == master[0]["failed_at"], (worker, master[0])
+            assert worker[0]["detection_s"] >= 0 and worker[1]["restart_s"] >= 0.2
         status = json.loads(job.read(job.hosts[0], "output", "status.json"))
         assert status["resilience"]["attempts"] == 2 and status["resilience"]["restarts"] == 1
 

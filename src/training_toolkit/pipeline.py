@@ -340,9 +340,10 @@ class AttemptLoop:
                               "failed_at": hang and hang.detected_at - hang.silent_s,
                               "learned_at": hang and hang.detected_at})
         elif self.made is None:  # a worker: the master's decision, or none (a stop)
+            learned = self.reporter.status.get("verdict_learned") or {}
             self.attempts.end(outcome.exit_code or 143, _cause(
                 {"hang": hang, "exit_code": outcome.exit_code}, self.supervisor),
-                durable=self.durable())
+                outcome.failed_at, learned.get("at"), self.durable())
         if self.made is not None:
             return self.made
         return Decision.from_message(outcome.next) if outcome.next else None

@@ -52,6 +52,7 @@ def outcome_from(message, terminated):
     outcome = Outcome(int(message["exit_code"]), (message.get("stderr_tail") or "").encode(),
                       terminated or bool(message.get("stopped")), hang=hang)
     outcome.next = message.get("next")
+    outcome.failed_at = message.get("failed_at")
     if message.get("host"):
         outcome.where = ("rank %d on %s" % (message["rank"], message["host"])
                          if message.get("rank") is not None else "host %s" % message["host"])
@@ -212,8 +213,8 @@ class JobMaster:
             wall + w.at for w in self.control.lost]
         if self.hang is not None:  # it began when the rank fell silent
             failed = [self.hang.hang.detected_at - self.hang.hang.silent_s]
-        message["next"] = self.decide_next(dict(
-            message, failed_at=min(failed) if failed else None, learned_at=self.learned_at))
+        message["failed_at"] = min(failed) if failed else None  # for every host's record
+        message["next"] = self.decide_next(dict(message, learned_at=self.learned_at))
 
     def _hang_verdict(self, local, tail_of):
         hang = self.hang.hang

@@ -28,27 +28,40 @@ def rejoin(master, hosts, host, port, key, attempt, wait_s=REJOIN_S):
         try:
             missing = control.wait_for_workers(deadline)
             if missing:
+                control.broadcast({"type": "abandon", "attempt": attempt, "missing": missing})
                 raise ClusterError("lost the worker host%s %s between attempts: %s did not "
                                    "rejoin for restart %d within %.0f s" % (
                                        "s" if len(missing) > 1 else "", ", ".join(missing),
                                        "they" if len(missing) > 1 else "it", attempt, wait_s))
+            # Closed first: a worker's next connection is to the attempt's own channel.
+            control.stop_listening()
             control.broadcast({"type": "go", "attempt": attempt})
         finally:
             control.close()
         return
-    try:
-        link = WorkerLink.connect(master, port, host, key, deadline)
-    except Refused as e:
-        link, WorkerLink.last_error = None, e
-    if link is None:
-        raise ClusterError("lost the master host %s between attempts: it did not take this "
-                           "host back for restart %d within %.0f s (%s)"
-                           % (master, attempt, wait_s, WorkerLink.last_error))
-    try:
-        # The master's go; its link closing first means it gave up on the job.
-        message = link.receive()
-    finally:
-        link.close()
-    if not message or message.get("type") != "go" or message.get("attempt") != attempt:
-        raise ClusterError("lost the master host %s between attempts: it ended the job "
-                           "before restart %d" % (master, attempt))
+    # The previous attempt's control server may still take this host's hello
+    # (the master closes it only after its verdict went out), then close:
+    # until the deadline, that is a reason to connect again, not a lost master.
+    while True:
+        try:
+            link = WorkerLink.connect(master, port, host, key, deadline)
+        except Refused as e:
+            link, WorkerLink.last_error = None, e
+        if link is None:
+            raise ClusterError("lost the master host %s between attempts: it did not take "
+                               "this host back for restart %d within %.0f s (%s)"
+                               % (master, attempt, wait_s, WorkerLink.last_error))
+        try:
+            message = link.receive()
+        finally:
+            link.close()
+        if message and message.get("attempt") == attempt:
+            if message.get("type") == "go":
+                return
+            if message.get("type") == "abandon":
+                raise ClusterError("the master %s ended the job before restart %d: it lost %s"
+                                   % (master, attempt, ", ".join(map(str, message["missing"]))))
+        if time.monotonic() >= deadline:
+            raise ClusterError("lost the master host %s between attempts: it ended the job "
+                               "before restart %d" % (master, attempt))
+        time.sleep(0.05)
