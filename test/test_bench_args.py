@@ -1,6 +1,7 @@
 """The benchmarks' venv options (bench/common.py): a venv without `train`, given
 or to be built, ends a benchmark before anything runs, with one line naming
-the option and exit code 2. Only the argument handling runs here."""
+the option and exit code 2; and a benchmark's own options, refused the same
+way (argparse's usage, then the line). Only the argument handling runs here."""
 import os
 import subprocess
 import sys
@@ -64,3 +65,25 @@ def test_an_ours_venv_that_cannot_be_built_is_one_line(tmp_path):
     assert notice.startswith("ours: building %s from this working tree" % venv)
     assert error.startswith("bench_overhead.py: error: building %s failed" % venv)
     assert "give --ours-venv DIR" in error
+
+
+def test_bench_restarts_takes_hosts_runs_and_runners():
+    result = bench("bench_restarts.py", "--help")
+    assert result.returncode == 0, result.stderr
+    for option in ("--hosts", "--runs", "--runners", "--cases", "--timeout"):
+        assert option in result.stdout
+
+
+@pytest.mark.parametrize("args, option", [
+    (["--runners", "torchrun,slurm"], "--runners"),
+    (["--hosts", "1,8"], "--hosts"),
+    (["--hosts", "two"], "--hosts"),
+    (["--cases", "one-node,everything"], "--cases"),
+    (["--runs", "0"], "--runs"),
+    (["--torchrun-rdzv", "etcd"], "--torchrun-rdzv"),
+])
+def test_bench_restarts_refuses_a_bad_option_before_anything_runs(args, option):
+    result = bench("bench_restarts.py", *args)
+    assert result.returncode == 2 and result.stdout == "", result.stdout + result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("bench_restarts.py: error: ") and option in last, result.stderr

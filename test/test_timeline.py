@@ -1,7 +1,9 @@
-"""`training-toolkit timeline`: one row per host, from the hosts' status.json.
+"""`training-toolkit timeline`: one row per host, from the hosts' status.json
+(and, for a job restarted in place, their resilience.json).
 
 Most tests draw synthetic job trees (status files as `train` writes them);
-the last one draws a real 2-host MPI job run by `training-toolkit local`."""
+the last ones draw a real 2-host MPI job run by `training-toolkit local` and
+a restarted 2-host job."""
 import json
 import os
 import re
@@ -35,14 +37,19 @@ def status(host, role, start=0.0, run=(0.05, 2.0), exit_code=0, **extra):
     return doc
 
 
-def write_tree(job_dir, host, doc=None, raw=None):
-    """A host's job tree under job_dir/host, with its status.json (or none)."""
+def write_tree(job_dir, host, doc=None, raw=None, attempts=None):
+    """A host's job tree under job_dir/host, with its status.json (or none)
+    and, given `attempts` (a list, or raw text), its resilience.json."""
     root = os.path.join(str(job_dir), host)
     os.makedirs(os.path.join(root, "input", "config"), exist_ok=True)
-    os.makedirs(os.path.join(root, "output"), exist_ok=True)
+    os.makedirs(os.path.join(root, "output", "data"), exist_ok=True)
     if doc is not None or raw is not None:
         with open(os.path.join(root, "output", "status.json"), "w") as f:
             f.write(raw if raw is not None else json.dumps(doc))
+    if attempts is not None:
+        with open(os.path.join(root, "output", "data", "resilience.json"), "w") as f:
+            f.write(attempts if isinstance(attempts, str) else json.dumps(
+                {"attempts": attempts, "earlier_attempts": 0}))
     return root
 
 
@@ -105,6 +112,7 @@ def test_one_row_per_host_in_host_order_with_every_phase(tmp_path):
         assert phases(row) == ["contract", "fetch", "install", "ssh_readiness", "run", "verdict"]
         assert len(of_class(row, "line", "verdict-learned")) == 1
     assert not of_class(svg, "g", "first-failure")  # nothing failed
+    assert not of_class(svg, "rect", "attempt")  # no resilience.json: no restarts
     assert os.path.exists(os.path.join(str(tmp_path), "timeline.svg"))
 
 
@@ -210,6 +218,81 @@ def test_png_needs_the_png_extra(tmp_path):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def attempt(number, start, end, exit_code, cause, failed_at=None, backoff_s=None,
+            reason=""):
+    """A resilience.json entry as `train` writes it, times in seconds after T0."""
+    entry = {"attempt": number, "host": None, "started": T0 + start, "ended": T0 + end,
+             "exit_code": exit_code, "cause": cause, "step": 12, "progress": True}
+    if exit_code:
+        entry.update(failed_at=T0 + (end if failed_at is None else failed_at), lost_s=1.5)
+    if reason:
+        entry["decision"] = {"restart": backoff_s is not None, "reason": reason,
+                             "exit_code": exit_code}
+    if backoff_s is not None:
+        entry["backoff_s"] = backoff_s
+    return entry
+
+
+def restarted_job(job_dir):
+    """A 2-host job restarted once: rank 1 on algo-2 fails at 4.0 s (the
+    master's record; the worker's own attempt ends at 4.1 s), the backoff is
+    2 s, and attempt 1 runs from 6.2 s to 10 s and succeeds."""
+    for host, role, ended in (("algo-1", "master", 4.05), ("algo-2", "worker", 4.1)):
+        doc = status(host, role, run=(0.05, 10.0), exit_code=0)
+        run = doc["phases"][-1]
+        doc["phases"][-1:] = [dict(run, end=T0 + ended), dict(run, start=T0 + 6.25)]
+        entries = [attempt(0, 0.04, ended, 3, "failure", failed_at=4.0 if role == "master"
+                           else None, backoff_s=2.0, reason="restart 1 of 2 after 2s"),
+                   attempt(1, 6.2, 10.0, 0, "exit")]
+        entries[1]["restart_s"] = 2.2
+        write_tree(job_dir, host, doc, attempts=entries)
+
+
+def test_a_restarted_job_draws_each_attempt_and_the_backoff_on_every_host(tmp_path):
+    restarted_job(tmp_path)
+    svg = drawn(timeline(tmp_path))
+    assert svg.findtext(SVG + "text").endswith("succeeded, 2 attempts")
+    for host, row in rows(svg).items():
+        bands = of_class(row, "rect", "attempt")
+        assert [b.get("data-attempt") for b in bands] == ["0", "1"], host
+        titles = [b.findtext(SVG + "title") for b in bands]
+        assert titles[0].startswith("attempt 0: exit 3 (failure)") and "step 12" in titles[0]
+        assert "then: restart 1 of 2 after 2s" in titles[0]
+        assert titles[1].startswith("attempt 1: exit 0 (exit)")
+        assert "started 2.200 s after the last attempt's failure" in titles[1]
+        labels = [t.text for t in of_class(row, "text", "attempt-label")]
+        assert labels == ["attempt 0: exit 3 (failure)", "attempt 1: exit 0 (exit)"], host
+        # A failed attempt is outlined in the failure's red, a successful one in green.
+        assert [b.get("stroke") for b in bands] == ["#d62728", "#2ca02c"]
+        [gap] = of_class(row, "rect", "backoff")
+        assert "backoff 2 s" in gap.findtext(SVG + "title")
+        assert [t.text for t in of_class(row, "text", "backoff-label")] == ["backoff 2 s"]
+        left = lambda r: float(r.get("x"))
+        right = lambda r: left(r) + float(r.get("width"))
+        assert right(bands[0]) == pytest.approx(left(gap), abs=0.2)
+        assert right(gap) == pytest.approx(left(bands[1]), abs=0.2)
+        # The phases still show, below the bands: both attempts' run phases.
+        assert phases(row).count("run") == 2
+    # The job's first failure is attempt 0's, as the master recorded it.
+    [marker] = of_class(svg, "g", "first-failure")
+    text = "".join(marker.itertext())
+    assert "attempt 0 failed with exit code 3 (failure)" in text and "4.000 s" in text
+    assert "attempt" in "".join(of_class(svg, "g", "legend")[0].itertext())
+
+
+@pytest.mark.parametrize("raw, says", [
+    ('{"attempts": [', "is not JSON"),
+    ('{"attempts": {}}', "field 'attempts': expected a list"),
+    ('{"attempts": [{"attempt": 0, "started": "soon"}]}', "field 'attempts[0]'"),
+    ('{"attempts": [{"attempt": 0, "started": 1, "exit_code": "3"}]}', "field 'attempts[0]'"),
+])
+def test_a_malformed_resilience_file_is_a_clear_error(tmp_path, raw, says):
+    write_tree(tmp_path, "algo-1", status("algo-1", "master"), attempts=raw)
+    run = timeline(tmp_path)
+    assert run.returncode == 64 and "Traceback" not in run.stderr, run.stderr
+    assert "algo-1/output/data/resilience.json" in run.stderr and says in run.stderr
+
+
 # -- layout, pure ----------------------------------------------------------------
 def test_ssh_readiness_and_verdict_are_drawn_over_the_run_phase():
     segs = flatten([("run", 1.0, 5.0, ""), ("ssh_readiness", 1.0, 2.0, ""),
@@ -282,3 +365,38 @@ def test_local_hosts_prints_the_picture_of_a_real_job(tmp_path):
         run_phase = [p for p in doc["phases"] if p["name"] == "run"][0]
         assert run_phase["start"] <= ssh["start"] <= ssh["end"] <= run_phase["end"]
         assert ssh["end"] <= doc["verdict_learned"]["at"] <= doc["ended"]
+
+
+# Each host steps 10 times; the last host exits 3 on the first attempt.
+RESTARTED = """
+import json, os, sys, time
+hosts = json.loads(os.environ["SM_HOSTS"])
+last = os.environ["SM_CURRENT_HOST"] == hosts[-1]
+for step in range(10):
+    time.sleep(0.02)
+    if step == 5 and last and os.environ["TRAINING_TOOLKIT_RESTART_COUNT"] == "0":
+        sys.exit(3)
+"""
+
+
+def test_a_restarted_two_host_job_is_drawn_with_its_attempts(tmp_path):
+    from cluster_jobs import ClusterJob, require_cluster
+
+    require_cluster()
+    with ClusterJob(tmp_path, 2, {"train.py": RESTARTED}) as job:
+        job.start(TRAINING_TOOLKIT_RESTARTS=1, TRAINING_TOOLKIT_RESTART_BACKOFF_S=0.3,
+                  SM_TERMINATION_GRACE_SECONDS=10).wait(timeout=120)
+        assert job.codes() == {"algo-1": 0, "algo-2": 0}, {
+            h: r.err.decode("utf-8", "replace")[-2000:] for h, r in job.runs.items()}
+    svg = drawn(timeline(tmp_path))
+    assert host_order(svg) == ["algo-1", "algo-2"]
+    for host, row in rows(svg).items():
+        bands = of_class(row, "rect", "attempt")
+        titles = [b.findtext(SVG + "title") for b in bands]
+        assert [b.get("data-attempt") for b in bands] == ["0", "1"], host
+        assert titles[0].startswith("attempt 0: exit 3 (failure)"), titles
+        assert titles[1].startswith("attempt 1: exit 0 (exit)"), titles
+        [gap] = of_class(row, "rect", "backoff")
+        assert "backoff 0.3 s" in gap.findtext(SVG + "title")
+    [marker] = of_class(svg, "g", "first-failure")
+    assert "attempt 0 failed with exit code 3 (failure)" in "".join(marker.itertext())

@@ -4,21 +4,27 @@ Reads every host's `output/status.json` (one job tree, or one per host under
 the job dir as `local --hosts N` lays them out) and draws one row per host:
 its phases (contract, fetch, install, SSH readiness, run, verdict), the ranks'
 exits that the master recorded, the first failure, and the moment each host
-learned the verdict. Reading and layout are pure; the SVG is written by hand
-(no plotting library), and PNG goes through cairosvg when it is installed.
+learned the verdict. A job restarted in place (TRAINING_TOOLKIT_RESTARTS)
+also has each host's `output/data/resilience.json`: its attempts are drawn
+as labelled bands above the phases, with the backoff between them. Reading
+and layout are pure; the SVG is written by hand (no plotting library), and
+PNG goes through cairosvg when it is installed.
 
 All times are the hosts' wall clocks (status.json's `time.time()`): hosts
 with skewed clocks are drawn skewed.
 
-The status files are read and checked by jobstatus.py; here they become
-one picture: the layout and the hand-written SVG read best side by side.
+The status files are read and checked by jobstatus.py, the attempt records
+here (read_attempts); here they become one picture: the layout and the
+hand-written SVG read best side by side, hence one module past 450 lines.
 """
+import json
 import math
 import os
 from xml.sax.saxutils import escape, quoteattr
 
 from ..errors import MissingProgramError, UsageError
-from .jobstatus import read_job
+from ..job.paths import JobPaths
+from .jobstatus import find_trees, read_job
 
 # Phase kinds, in the order they happen, with their colours and legend names.
 KINDS = (
@@ -34,6 +40,10 @@ LABELS = {kind: label for kind, _, label in KINDS}
 OTHER_COLOUR = "#d9d9d9"
 FAILURE_COLOUR = "#d62728"
 EXIT_OK_COLOUR = "#2ca02c"
+# An attempt's band: light fills, outlined in the rank exits' colours.
+ATTEMPT_FAILED_FILL = "#fcbba1"
+ATTEMPT_OK_FILL = "#c7e9c0"
+BACKOFF_COLOUR = "#737373"
 # status.json's verdict_learned.from, as the picture says it.
 HOW_LEARNED = {"abort": "the master's abort message", "verdict": "the verdict",
                "first failure": "the first failure, which the master saw"}
@@ -66,6 +76,51 @@ class Row:
         self.verdict_at = None     # seconds; when this host learned how the job ends
         self.verdict_how = ""
         self.exits = []            # (seconds, rank, exit code) of ranks on this host
+        self.attempts = []         # Attempt, in order, where resilience.json was written
+        self.backoffs = []         # (start, end, backoff_s) between attempts, in seconds
+
+
+class Attempt:
+    """One attempt of a restarted job on a host (an entry of resilience.json),
+    times in seconds from the job's start; `end` None while it runs."""
+
+    def __init__(self, entry, t0):
+        self.number = entry["attempt"]
+        self.start = entry["started"] - t0
+        self.end = None if entry.get("ended") is None else entry["ended"] - t0
+        self.exit_code = entry.get("exit_code")
+        self.cause = entry.get("cause")
+        self.entry = entry
+
+    def labels(self):
+        """'attempt 1: exit 3 (failure)' ('attempt 1: running' while it runs),
+        then shorter ones for a narrow band."""
+        if self.end is None:
+            return ["attempt %d: running" % self.number, "#%d" % self.number]
+        exit_text = "exit %s" % self.exit_code
+        return ["attempt %d: %s%s" % (self.number, exit_text,
+                                      " (%s)" % self.cause if self.cause else ""),
+                "attempt %d: %s" % (self.number, exit_text),
+                "#%d: %s" % (self.number, self.exit_code)]
+
+    def details(self):
+        """What the band's tooltip says: its times, and resilience.json's figures."""
+        e = self.entry
+        parts = ["%s, %.3f-%s s" % (self.labels()[0], self.start,
+                                    "?" if self.end is None else "%.3f" % self.end)]
+        for key, text in (("restart_s", "started %.3f s after the last attempt's failure"),
+                          ("detection_s", "its failure known %.3f s after it"),
+                          ("lost_s", "%.3f s of work lost")):
+            if _is_number(e.get(key)):
+                parts.append(text % e[key])
+        if e.get("step") is not None:
+            parts.append("step %s" % e["step"])
+        if e.get("restored_from"):
+            parts.append("restored from %s" % e["restored_from"])
+        decision = e.get("decision")
+        if isinstance(decision, dict) and decision.get("reason"):
+            parts.append("then: %s" % decision["reason"])
+        return "; ".join(parts)
 
 
 class Picture:
@@ -75,6 +130,55 @@ class Picture:
         self.span = span           # seconds from t0 to the last thing recorded
         self.rows = rows
         self.first_failure = first_failure  # (seconds, host, text) or None
+
+
+# -- the attempts of a restarted job ----------------------------------------------
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def read_attempts(path):
+    """The attempts in a host's resilience.json, or None where it wrote none
+    (no restarts). The fields drawn must have the types `train` writes: else a
+    UsageError naming the file and field, as for status.json."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise UsageError("%s cannot be read: %s" % (path, e.strerror or e)) from None
+    except ValueError as e:
+        raise UsageError("%s is not JSON: %s" % (path, e)) from None
+
+    def optional(entry, key, check):
+        return entry.get(key) is None or check(entry[key])
+
+    attempts = record.get("attempts") if isinstance(record, dict) else None
+    fields = [("attempts", isinstance(attempts, list))] + [
+        ("attempts[%d]" % i, isinstance(e, dict) and isinstance(e.get("attempt"), int)
+         and _is_number(e.get("started")) and optional(e, "ended", _is_number)
+         and optional(e, "failed_at", _is_number) and optional(e, "backoff_s", _is_number)
+         and optional(e, "exit_code", lambda c: isinstance(c, int))
+         and optional(e, "cause", lambda c: isinstance(c, str)))
+        for i, e in enumerate(attempts if isinstance(attempts, list) else [])]
+    for field, ok in fields:
+        if not ok:
+            raise UsageError("%s: field %r: expected %s; this is not a resilience.json that "
+                             "`train` wrote (or it was damaged)" % (
+                                 path, field, "a list" if field == "attempts" else
+                                 "{attempt, started, ended, exit_code, cause, ...}"))
+    return attempts
+
+
+def read_job_attempts(job_dir, hosts):
+    """{host: attempts} of the hosts of read_job(job_dir) that wrote resilience.json."""
+    found = {}
+    for (_, tree), (host, _, _) in zip(find_trees(job_dir), hosts):
+        attempts = read_attempts(JobPaths(tree).resilience_file)
+        if attempts:
+            found[host] = attempts
+    return found
 
 
 # -- layout (pure) --------------------------------------------------------------
@@ -134,10 +238,18 @@ def flatten(spans, horizon):
     return sorted(out, key=lambda s: (s.start, s.end))
 
 
-def first_failure(hosts):
-    """(wall time, host, text) of the job's first failure: the earliest
-    non-zero rank exit the master recorded, else the earliest failed host
-    (its failed phase's end, else its end)."""
+def first_failure(hosts, attempts=None):
+    """(wall time, host, text) of the job's first failure: the earliest failed
+    attempt before a host's last (status.json holds only the last attempt's;
+    the master's `failed_at` is the failure, a worker's its own end, later),
+    else the earliest non-zero rank exit the master recorded, else the
+    earliest failed host (its failed phase's end, else its end)."""
+    earlier = [(e["failed_at"], host, "attempt %d failed with exit code %d%s" % (
+        e["attempt"], e["exit_code"], " (%s)" % e["cause"] if e.get("cause") else ""))
+        for host, entries in (attempts or {}).items() for e in entries[:-1]
+        if e.get("exit_code") and e.get("failed_at") is not None]
+    if earlier:
+        return min(earlier)
     exits = [e for _, status, _ in hosts if status for e in status.get("rank_exits", [])]
     failed = [e for e in exits if e["exit_code"] != 0]
     if failed:
@@ -158,10 +270,14 @@ def first_failure(hosts):
     return min(candidates) if candidates else None
 
 
-def build(hosts, title=""):
-    """The Picture of [(host, status or None, note)]."""
+def build(hosts, title="", attempts=None):
+    """The Picture of [(host, status or None, note)], with `attempts`
+    ({host: resilience.json's attempts}) where the job was restarted."""
+    attempts = attempts or {}
     statuses = [s for _, s, _ in hosts if s]
     times = [s["started"] for s in statuses]
+    times += [t for entries in attempts.values() for e in entries
+              for t in (e["started"], e.get("ended")) if t is not None]
     for s in statuses:
         for _kind, start, end, _ in _spans(s):
             times += [start] + ([end] if end is not None else [])
@@ -174,6 +290,9 @@ def build(hosts, title=""):
     for host, status, note in hosts:
         row = Row(host, status, note)
         rows.append(row)
+        row.attempts = [Attempt(e, t0) for e in attempts.get(host, [])]
+        row.backoffs = [(a.end, b.start, a.entry.get("backoff_s"))
+                        for a, b in zip(row.attempts, row.attempts[1:]) if a.end is not None]
         if not status:
             continue
         spans = [(k, a - t0, None if b is None else b - t0, n) for k, a, b, n in _spans(status)]
@@ -188,7 +307,7 @@ def build(hosts, title=""):
         for e in s.get("rank_exits", []):
             if e.get("host") in by_host:
                 by_host[e["host"]].exits.append((e["at"] - t0, e.get("rank"), e["exit_code"]))
-    failure = first_failure(hosts)
+    failure = first_failure(hosts, attempts)
     if failure:
         failure = (failure[0] - t0, failure[1], failure[2])
     return Picture(title, t0, max(horizon - t0, 1e-3), rows, failure)
@@ -202,6 +321,8 @@ ROW_H = 26
 BAR_H = 16
 TOP = 58             # title, first-failure label
 CHAR_W = 6.3         # an 11 px sans-serif character, roughly
+ATTEMPT_H = 13       # the attempts' strip above a row's phases, where there are attempts
+SMALL_CHAR_W = 5.2   # a 9 px one
 
 
 def _step(span, target=8):
@@ -224,10 +345,12 @@ def render_svg(picture):
     def x(t):
         return LEFT + t * scale
 
-    rows_h = ROW_H * max(len(picture.rows), 1)
+    strip = ATTEMPT_H if any(row.attempts for row in picture.rows) else 0
+    row_h = ROW_H + strip
+    rows_h = row_h * max(len(picture.rows), 1)
     axis_y = TOP + rows_h + 6
     legend_y = axis_y + 34
-    height = legend_y + 30
+    height = legend_y + 30 + (18 if strip else 0)
     out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" '
            'viewBox="0 0 %d %d" font-family="sans-serif" font-size="11">'
            % (WIDTH, height, WIDTH, height),
@@ -247,10 +370,12 @@ def render_svg(picture):
                % (LEFT + plot_w / 2, axis_y + 28))
     # Rows.
     for i, row in enumerate(picture.rows):
-        y = TOP + i * ROW_H
+        y = TOP + i * row_h
+        out.append('<g class="host" data-host=%s>' % quoteattr(row.host))
+        out += _attempt_marks(row, x, y + 2, picture.span)
+        y += strip
         bar_y = y + (ROW_H - BAR_H) / 2
         mid = y + ROW_H / 2 + 4
-        out.append('<g class="host" data-host=%s>' % quoteattr(row.host))
         label = row.host + (" (%s)" % row.role if row.role else "")
         out.append('<text x="8" y="%.1f">%s</text>' % (mid, escape(label)))
         for seg in row.segments:
@@ -320,8 +445,55 @@ def render_svg(picture):
                'stroke-width="1.5"/><text x="%d" y="%d">first failure</text>'
                % (lx + 4, legend_y - 2, lx + 4, legend_y + 14, FAILURE_COLOUR, lx + 10,
                   legend_y + 10))
+    if strip:
+        ly = legend_y + 18
+        out.append('<rect x="8" y="%d" width="12" height="10" fill="%s" stroke="%s"/>'
+                   '<rect x="24" y="%d" width="12" height="10" fill="%s" stroke="%s"/>'
+                   '<text x="40" y="%d">attempt (failed, exit 0), above the phases</text>'
+                   % (ly, ATTEMPT_FAILED_FILL, FAILURE_COLOUR, ly, ATTEMPT_OK_FILL,
+                      EXIT_OK_COLOUR, ly + 9))
+        lx = 40 + int(len("attempt (failed, exit 0), above the phases") * CHAR_W) + 14
+        out.append('<rect x="%d" y="%d" width="24" height="10" fill="none" stroke="%s" '
+                   'stroke-dasharray="3 2"/><text x="%d" y="%d">backoff before a restart</text>'
+                   % (lx, ly, BACKOFF_COLOUR, lx + 30, ly + 9))
     out.append('</g></svg>')
     return "\n".join(out) + "\n"
+
+
+def _attempt_marks(row, x, top, span):
+    """SVG of a row's attempts (labelled bands) and the backoffs between
+    them (dashed), in the strip from `top`; an attempt still running is
+    drawn to the end of the picture, as a phase is."""
+    out, height = [], ATTEMPT_H - 3
+    for start, end, backoff_s in row.backoffs:
+        width = max((x(end) - x(start)), 1.0)
+        label = "backoff" + (" %g s" % backoff_s if backoff_s is not None else "")
+        out.append('<rect class="backoff" x="%.1f" y="%d" width="%.1f" height="%d" fill="none" '
+                   'stroke="%s" stroke-dasharray="3 2"><title>%s: %.3f-%.3f s, before the next '
+                   'attempt</title></rect>' % (x(start), top, width, height, BACKOFF_COLOUR,
+                                               escape(label), start, end))
+        if len(label) * SMALL_CHAR_W + 4 < width:
+            out.append('<text class="backoff-label" x="%.1f" y="%d" font-size="9" fill="%s" '
+                       'pointer-events="none">%s</text>' % (x(start) + 2, top + height - 2,
+                                                            BACKOFF_COLOUR, escape(label)))
+    for attempt in row.attempts:
+        end = span if attempt.end is None else attempt.end
+        width = max((x(end) - x(attempt.start)), 1.0)
+        failed = attempt.end is not None and attempt.exit_code not in (0, None)
+        fill, stroke = ((OTHER_COLOUR, BACKOFF_COLOUR) if attempt.end is None else
+                        (ATTEMPT_FAILED_FILL, FAILURE_COLOUR) if failed else
+                        (ATTEMPT_OK_FILL, EXIT_OK_COLOUR))
+        out.append('<rect class="attempt" data-attempt="%d" x="%.1f" y="%d" width="%.1f" '
+                   'height="%d" fill="%s" stroke="%s"><title>%s</title></rect>'
+                   % (attempt.number, x(attempt.start), top, width, height, fill, stroke,
+                      escape(attempt.details())))
+        label = next((text for text in attempt.labels()
+                      if len(text) * SMALL_CHAR_W + 4 < width), None)
+        if label:
+            out.append('<text class="attempt-label" x="%.1f" y="%d" font-size="9" '
+                       'pointer-events="none">%s</text>' % (x(attempt.start) + 2,
+                                                            top + height - 2, escape(label)))
+    return out
 
 
 def _title(job_dir, picture):
@@ -329,13 +501,16 @@ def _title(job_dir, picture):
     verdict = ("exit %d" % next(c for c in codes if c) if any(codes) else
                "succeeded" if codes else "no verdict")
     count = len(picture.rows)
-    return "%s: %d host%s, %.2f s, %s" % (os.path.abspath(job_dir), count,
-                                          "" if count == 1 else "s", picture.span, verdict)
+    attempts = max([len(r.attempts) for r in picture.rows] + [0])
+    return "%s: %d host%s, %.2f s, %s%s" % (os.path.abspath(job_dir), count,
+                                            "" if count == 1 else "s", picture.span, verdict,
+                                            ", %d attempts" % attempts if attempts > 1 else "")
 
 
 def draw(job_dir):
     """The SVG of the job in `job_dir`."""
-    picture = build(read_job(job_dir))
+    hosts = read_job(job_dir)
+    picture = build(hosts, attempts=read_job_attempts(job_dir, hosts))
     picture.title = _title(job_dir, picture)
     return render_svg(picture)
 

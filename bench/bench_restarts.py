@@ -1,0 +1,447 @@
+"""Restart time: from a rank's failure to every rank's first output of the next attempt.
+
+Restarts in place (TRAINING_TOOLKIT_RESTARTS=1) on simulated hosts, 1 rank per
+host (the machine has 2 cores), under torchrun and MPI, against a cold start
+of the same job, and on one node against torchrun's own --max-restarts.
+
+Every rank's script records time.time() at its first line, per attempt, in
+its host's model/ (the simulated hosts share one clock); the last rank
+crashes (exit 3) on the first attempt, after two collectives, recording the
+time just before it exits. TRAINING_TOOLKIT_RESTART_BACKOFF_S=0, so that the
+backoff (default 5 s, doubling) is not what is measured.
+
+Cases (--cases), each alternated run by run (common.alternate, no warm-up):
+  multi-host   at each host count of --hosts, for each runner of --runners:
+               restart     `train` on every host, the crash on attempt 0: the
+                           crash -> the last rank's first line of attempt 1
+               cold start  the same job without the crash: `train`'s start (the
+                           driver's clock, just before the first host's `train`
+                           is started) -> the last rank's first line
+  one-node     one host, 2 ranks:
+               train       `train`, torchrun runner, the crash on attempt 0
+               torchrun --max-restarts 1
+                           `python -m torch.distributed.run --nnodes 1
+                           --nproc_per_node 2 --max-restarts 1 --standalone` by
+                           hand in the host, with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+                           (a store per attempt), the crash when
+                           TORCHELASTIC_RESTART_COUNT is 0; --torchrun-rdzv static
+                           runs the plain line (--master_port, one store for every
+                           attempt, whose restarts can fail: see run_torchrun_by_hand)
+Both restart contenders: the crash -> the last rank's first line of the next
+attempt. Also read from each `train` run: resilience.json's restart_s (the
+previous attempt's failure to this attempt's start in `train`, before its
+ranks) and detection_s (the failure to the master's knowing it), the
+master's.
+
+Every run is bounded by --timeout; a run that fails or times out is reported
+and left out of the medians, and whatever it left in the hosts is killed by
+pid. Runs as root (simulated hosts are Linux namespaces;
+training_toolkit.rehearsal.simcluster) with the python that runs this
+script, which needs torch (the CPU build) and mpi4py.
+"""
+import glob
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import common
+
+sys.path.insert(0, os.path.join(common.HERE, "..", "test"))
+from bench_mpi import MPI_HPS
+from cluster_jobs import ClusterJob
+from training_toolkit.distributed import Torchrun
+from training_toolkit.job.paths import ATTEMPTS_RECORD_NAME, JobPaths
+
+RUNNERS = ("torchrun", "mpi")
+CASES = ("multi-host", "one-node")
+RATIO_TARGET = 0.5  # restart <= half a cold start
+RESTART, COLD, ONE_TRAIN, ONE_TORCHRUN = ("restart", "cold start", "train",
+                                          "torchrun --max-restarts 1")
+# The first line of each rank, per attempt, is model/first-<attempt>-<rank>;
+# the crashing rank's last moment, model/failed-at.
+SCRIPT = """\
+import time; first_line = time.time()
+import os
+marks = os.environ.get("MARKS_DIR") or os.environ["SM_MODEL_DIR"]
+rank = int(os.environ.get("RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or 0)
+attempt = int(os.environ.get("TRAINING_TOOLKIT_RESTART_COUNT")
+              or os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+
+
+def mark(name, at):
+    with open(os.path.join(marks, name), "w") as f:
+        f.write(repr(at))
+
+
+mark("first-%d-%d" % (attempt, rank), first_line)
+print("rank %d, attempt %d: first line at %.6f" % (rank, attempt, first_line), flush=True)
+if "OMPI_COMM_WORLD_RANK" in os.environ:
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    world, collective = comm.Get_size(), lambda: comm.allreduce(1)
+else:
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    world, collective = dist.get_world_size(), lambda: dist.all_reduce(torch.ones(1))
+crash = os.environ.get("CRASH") == "1" and attempt == 0 and rank == world - 1
+for step in range(3):
+    collective()
+    if crash and step == 1:
+        mark("failed-at", time.time())
+        os._exit(3)
+if "OMPI_COMM_WORLD_RANK" not in os.environ:
+    dist.destroy_process_group()  # gloo may abort (SIGABRT) at an exit without it
+"""
+
+
+def cluster_job(root, runner, hosts, per_host=1):
+    if runner == "mpi":
+        return ClusterJob(root, hosts, {"train.py": SCRIPT}, hyperparameters=dict(
+            MPI_HPS, sagemaker_mpi_num_of_processes_per_host=per_host))
+    return ClusterJob(root, hosts, {"train.py": SCRIPT},
+                      distributed=Torchrun(process_count_per_node=per_host))
+
+
+def clean(job):
+    """What an earlier run left that a later one would read: the marks, the
+    attempt record (a fresh job each run), status and resilience files."""
+    for host in job.hosts:
+        paths = JobPaths(job.roots[host])
+        leftovers = glob.glob(os.path.join(paths.model_dir, "first-*"))
+        leftovers += [os.path.join(paths.model_dir, "failed-at"), paths.attempts_file,
+                      os.path.join(paths.checkpoints_dir, ATTEMPTS_RECORD_NAME),
+                      paths.resilience_file, paths.status_file, paths.failure_file,
+                      paths.success_file]
+        for path in leftovers:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+def marks(job):
+    """({attempt: {rank: first line}}, failed-at or None) from every host's model/."""
+    firsts, failed_at = {}, None
+    for host in job.hosts:
+        model = JobPaths(job.roots[host]).model_dir
+        for path in glob.glob(os.path.join(model, "first-*")):
+            _, attempt, rank = os.path.basename(path).split("-")
+            firsts.setdefault(int(attempt), {})[int(rank)] = float(common.read_text(path))
+        text = common.read_text(os.path.join(model, "failed-at"))
+        if text:
+            failed_at = float(text)
+    return firsts, failed_at
+
+
+def kill_leftovers(job):
+    """SIGKILL (by pid) whatever a run left in the hosts; the pids killed."""
+    for run in job.runs.values():
+        if run.proc.poll() is None:
+            run.proc.kill()
+            run.proc.wait(timeout=30)
+    found = job.job_processes()
+    for pid, _ in found:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return [pid for pid, _ in found]
+
+
+def resilience_of(job, host):
+    try:
+        return json.loads(job.read(host, "output", "data", "resilience.json"))["attempts"]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def run_train(job, world, timeout, crash):
+    """One `train` run on every host of `job`, TRAINING_TOOLKIT_RESTARTS=1 and
+    no backoff; the crash on attempt 0 with `crash`. Its record: the cold
+    start (train's start -> attempt 0's last first line), with `crash` the
+    restart (the crash -> attempt 1's last first line) and the master's
+    resilience.json figures; "error" where the run went wrong."""
+    clean(job)
+    extra = dict(TRAINING_TOOLKIT_RESTARTS=1, TRAINING_TOOLKIT_RESTART_BACKOFF_S=0,
+                 SM_TERMINATION_GRACE_SECONDS=10, **({"CRASH": 1} if crash else {}))
+    record = {"load_1min": round(os.getloadavg()[0], 2)}
+    started = time.time()
+    job.start(**extra)
+    try:
+        job.wait(timeout=timeout)
+    except AssertionError as e:
+        record["error"] = "timed out after %g s: %s" % (timeout, str(e)[:2000])
+        record["killed"] = kill_leftovers(job)
+        return record
+    record["codes"] = job.codes()
+    firsts, failed_at = marks(job)
+    if set(record["codes"].values()) != {0} or len(firsts.get(1 if crash else 0, {})) != world \
+            or (crash and failed_at is None):
+        record["error"] = "exit codes %s, first lines per attempt %s, failed-at %s; stderr:\n%s" % (
+            record["codes"], {a: sorted(r) for a, r in firsts.items()}, failed_at,
+            "\n".join("--- %s ---\n%s" % (h, r.err.decode("utf-8", "replace")[-1500:])
+                      for h, r in job.runs.items()))
+        return record
+    if len(firsts.get(0, {})) == world:
+        record["cold_s"] = max(firsts[0].values()) - started
+    if crash:
+        record["restart_s"] = max(firsts[1].values()) - failed_at
+        every = [resilience_of(job, host) for host in job.hosts]
+        if all(len(attempts) >= 2 for attempts in every):
+            record["resilience"] = {
+                "restart_s": every[0][1].get("restart_s"),
+                "detection_s": every[0][0].get("detection_s"),
+                "restart_s_every_host": [attempts[1].get("restart_s") for attempts in every]}
+            record["stages"] = stages(job, every, failed_at)
+    left = job.job_processes()
+    if left:
+        record["killed"] = kill_leftovers(job)
+    return record
+
+
+def stages(job, every, failed_at):
+    """Where a restart's time goes, seconds after the crash: the last host's
+    first attempt ended (its ranks gone, the decision known), the last host's
+    next run phase started (after the rejoin and the pre-flight)."""
+    ended = max(attempts[0]["ended"] for attempts in every)
+    runs = []
+    for host in job.hosts:
+        status = json.loads(job.read(host, "output", "status.json"))
+        runs.append([p["start"] for p in status.get("phases", []) if p["name"] == "run"])
+    return {"attempt_ended": ended - failed_at,
+            "run_started": max(r[1] for r in runs) - failed_at if all(
+                len(r) >= 2 for r in runs) else None}
+
+
+def run_torchrun_by_hand(job, rdzv, port, timeout):
+    """torchrun's own restart, by hand in the job's one host, the crash on its
+    first attempt: the crash -> the last rank's first line of attempt 1.
+    `rdzv` "standalone": --standalone, with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+    (a store of its own per attempt); "static": --master_port, the plain line,
+    whose one store outlives the attempt (attempt 1's gloo can read attempt
+    0's addresses from it, and fail)."""
+    clean(job)
+    host = job.hosts[0]
+    model = JobPaths(job.roots[host]).model_dir
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node",
+            "2", "--max-restarts", "1"]
+    argv += ["--standalone"] if rdzv == "standalone" else ["--master_port", str(port)]
+    extra = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": 1} if rdzv == "standalone" else {}
+    log_path = os.path.join(job.root, "torchrun-by-hand.log")
+    record = {"load_1min": round(os.getloadavg()[0], 2)}
+    with open(log_path, "wb") as log:
+        proc = job.cluster.popen(host, argv + ["train.py"],
+                                 env=job.env(CRASH=1, MARKS_DIR=model, **extra), cwd=job.src,
+                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=30)
+        record["error"] = "timed out after %g s (log %s)" % (timeout, log_path)
+        record["killed"] = kill_leftovers(job)
+        return record
+    firsts, failed_at = marks(job)
+    if code != 0 or len(firsts.get(1, {})) != 2 or failed_at is None:
+        record["error"] = "exit code %d, first lines per attempt %s, failed-at %s; log:\n%s" % (
+            code, {a: sorted(r) for a, r in firsts.items()}, failed_at,
+            (common.read_text(log_path) or "")[-1500:])
+        return record
+    record["restart_s"] = max(firsts[1].values()) - failed_at
+    return record
+
+
+def seconds(records, key, inner=None):
+    """record[key] (or record[key][inner]) of every record that has it."""
+    values = [r.get(key) if inner is None else (r.get(key) or {}).get(inner) for r in records]
+    return [v for v in values if v is not None]
+
+
+def spread(xs):
+    """'median (min-max)' of seconds, or '-'."""
+    if not xs:
+        return "-"
+    return "%.2f s (%.2f-%.2f)" % (common.median(xs), min(xs), max(xs))
+
+
+def ratios(a, b):
+    """(ratio of the medians, median of the per-round ratios) of two
+    contenders' seconds (restart_s, else cold_s): the paired ratio moves less
+    with the load."""
+    xs, ys = [r.get("restart_s", r.get("cold_s")) for r in a], [
+        r.get("restart_s", r.get("cold_s")) for r in b]
+    done_x, done_y = [x for x in xs if x is not None], [y for y in ys if y is not None]
+    if not done_x or not done_y:
+        return math.nan, math.nan
+    pairs = [x / y for x, y in zip(xs, ys) if x is not None and y]
+    return (common.median(done_x) / common.median(done_y),
+            common.median(pairs) if pairs else math.nan)
+
+
+def runs_cell(records):
+    bad = sum("error" in r for r in records)
+    return "%d%s" % (len(records) - bad, " (+%d failed)" % bad if bad else "")
+
+
+def contender(fn, records):
+    """A common.alternate contender: one run, its record kept; the seconds
+    shown in the round's line (nan for a failed run)."""
+    def one():
+        record = fn()
+        records.append(record)
+        if "error" in record:
+            print("    run failed: %s" % record["error"], file=sys.stderr, flush=True)
+        return record.get("restart_s", record.get("cold_s", math.nan))
+    return one
+
+
+def bench_multi_host(root, runner, n, args, results):
+    print("\n## %s, %d hosts x 1 rank (load average %.2f %.2f %.2f)"
+          % ((runner, n) + os.getloadavg()), flush=True)
+    records = {RESTART: [], COLD: []}
+    with cluster_job(os.path.join(root, "%s-%d" % (runner, n)), runner, n) as job:
+        common.alternate({
+            RESTART: contender(lambda: run_train(job, n, args.timeout, True), records[RESTART]),
+            COLD: contender(lambda: run_train(job, n, args.timeout, False), records[COLD])},
+            args.runs, warmup=0)
+    results.append({"case": "%s, %d hosts x 1 rank" % (runner, n), "runner": runner,
+                    "hosts": n, "records": records})
+    print_multi_host(results[-1:])
+    print_stages(results[-1:])
+    print("load average at the end: %.2f %.2f %.2f" % os.getloadavg(), flush=True)
+
+
+def print_multi_host(results):
+    rows = []
+    for result in results:
+        restart, cold = result["records"][RESTART], result["records"][COLD]
+        ratio, paired = ratios(restart, cold)
+        rows.append([result["runner"], result["hosts"], runs_cell(restart),
+                     spread(seconds(restart, "restart_s")), spread(seconds(cold, "cold_s")),
+                     "%.2f" % ratio, "%.2f" % paired,
+                     common.verdict(ratio <= RATIO_TARGET)])
+    common.table(["runner", "hosts", "runs", "restart: crash -> every rank's first line",
+                  "cold start: train -> every rank's first line", "restart / cold start",
+                  "paired ratio", "target <= %.1f" % RATIO_TARGET], rows)
+
+
+def print_stages(results):
+    """Where `train`'s restarts went, and resilience.json's own figures."""
+    rows = []
+    for result in results:
+        restart = result["records"].get(RESTART) or result["records"][ONE_TRAIN]
+        rows.append([result["case"], spread(seconds(restart, "stages", "attempt_ended")),
+                     spread(seconds(restart, "stages", "run_started")),
+                     spread(seconds(restart, "restart_s")),
+                     spread(seconds(restart, "resilience", "restart_s")),
+                     spread(seconds(restart, "resilience", "detection_s")),
+                     spread(seconds(restart, "cold_s"))])
+    common.table(["train, restarted", "crash -> last host's attempt ended",
+                  "-> last host's next run phase", "-> every rank's first line (restart)",
+                  "resilience.json restart_s (master)", "detection_s (master)",
+                  "same runs, attempt 0: train -> every rank's first line"], rows)
+
+
+def bench_one_node(root, args, results):
+    print("\n## one node, 2 ranks (torchrun runner; load average %.2f %.2f %.2f)"
+          % os.getloadavg(), flush=True)
+    records = {ONE_TRAIN: [], ONE_TORCHRUN: []}
+    port = [29600]
+
+    def by_hand():
+        port[0] += 1  # a fresh port each run (no TIME_WAIT clash)
+        return run_torchrun_by_hand(job, args.torchrun_rdzv, port[0], args.timeout)
+
+    with cluster_job(os.path.join(root, "one-node"), "torchrun", 1, per_host=2) as job:
+        common.alternate({ONE_TRAIN: contender(lambda: run_train(job, 2, args.timeout, True),
+                                               records[ONE_TRAIN]),
+                          ONE_TORCHRUN: contender(by_hand, records[ONE_TORCHRUN])},
+                         args.runs, warmup=0)
+    results.append({"case": "torchrun, 1 host x 2 ranks", "records": records,
+                    "rdzv": args.torchrun_rdzv})
+    ours, theirs = records[ONE_TRAIN], records[ONE_TORCHRUN]
+    ratio, paired = ratios(ours, theirs)
+    common.table(["contender", "runs", "crash -> every rank's first line of the next attempt"], [
+        ["`train`, TRAINING_TOOLKIT_RESTARTS=1", runs_cell(ours),
+         spread(seconds(ours, "restart_s"))],
+        ["%s (%s)" % (ONE_TORCHRUN, args.torchrun_rdzv), runs_cell(theirs),
+         spread(seconds(theirs, "restart_s"))]])
+    print("train / torchrun --max-restarts: %.2f (paired %.2f)" % (ratio, paired), flush=True)
+    print_stages(results[-1:])
+
+
+def parse(argv=None):
+    p = common.parser(__doc__.splitlines()[0], runs=10, contenders=False)
+    p.add_argument("--hosts", default="2,8", help="host counts of the multi-host case, 1 rank "
+                   "per host (default %(default)s)")
+    p.add_argument("--runners", default=",".join(RUNNERS),
+                   help="runners of the multi-host case (default %(default)s)")
+    p.add_argument("--cases", default=",".join(CASES), help="any of %s (default: both)"
+                   % ", ".join(CASES))
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds a run may take before it is stopped and counted as failed "
+                        "(default %(default)s)")
+    p.add_argument("--torchrun-rdzv", choices=("standalone", "static"), default="standalone",
+                   help="the one-node torchrun's rendezvous: --standalone with a store per "
+                        "attempt, or static (--master_port), the plain line (default "
+                        "%(default)s)")
+    p.add_argument("--json", metavar="PATH", help="also write every run's record to PATH")
+    args = p.parse_args(argv)
+    try:
+        args.hosts = [int(n) for n in args.hosts.split(",")]
+    except ValueError:
+        p.error("--hosts: a comma-separated list of host counts, not %r" % args.hosts)
+    if min(args.hosts) < 2:
+        p.error("--hosts: every host count must be at least 2 (one node is --cases one-node)")
+    args.runners = args.runners.split(",")
+    if not set(args.runners) <= set(RUNNERS):
+        p.error("--runners: any of %s, not %r" % (", ".join(RUNNERS), ",".join(args.runners)))
+    args.cases = args.cases.split(",")
+    if not set(args.cases) <= set(CASES):
+        p.error("--cases: any of %s, not %r" % (", ".join(CASES), ",".join(args.cases)))
+    if args.runs < 1 or args.timeout <= 0:
+        p.error("--runs must be at least 1 and --timeout over 0")
+    return args
+
+
+def main():
+    args = parse()
+    common.print_header()
+    from training_toolkit.rehearsal.simcluster import SimClusterUnavailable, check_supported
+
+    try:
+        check_supported()
+    except SimClusterUnavailable as e:
+        sys.exit("bench_restarts.py: simulated hosts unavailable: %s" % e)
+    print("restart time with TRAINING_TOOLKIT_RESTART_BACKOFF_S=0 (the backoff is not "
+          "counted); 1 rank per host in the multi-host case (2 cores)", flush=True)
+    root = tempfile.mkdtemp(prefix="tt-bench-restarts-", dir="/var/tmp")
+    results = []
+    try:
+        if "multi-host" in args.cases:
+            for n in args.hosts:
+                for runner in args.runners:
+                    bench_multi_host(root, runner, n, args, results)
+        if "one-node" in args.cases:
+            bench_one_node(root, args, results)
+    finally:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"argv": sys.argv, "results": results}, f, indent=1)
+            print("records: %s" % args.json)
+    if len(results) > 1:
+        print("\n## summary")
+        multi = [r for r in results if "runner" in r]
+        if multi:
+            print_multi_host(multi)
+        print_stages(results)
+    print("job trees: %s" % root)
+
+
+if __name__ == "__main__":
+    main()
