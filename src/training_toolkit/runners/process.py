@@ -60,7 +60,7 @@ def run(launch_plan, supervisor, env, reporter):
     hang ends it with the hang's exit code once its stack is written. On
     several hosts, every host's `train` joins the master's (as MPI's and
     torchrun's do): the first failure ends the job on every host."""
-    if launch_plan.role in ("master", "worker"):  # several hosts, one job (not a driver's)
+    if launch_plan.runner == NAME and launch_plan.role != "single":  # several hosts, one job
         from .process_job import run_job
 
         return run_job(launch_plan, supervisor, env, reporter)
