@@ -95,7 +95,8 @@ class Environment(collections.abc.Mapping):
     (setup.py/pyproject.toml make the code dir a package, installed and run
     with `python -m`), `needs_entry_point`, `runner` (the runners.RunnerType
     value this host runs), `shell_command` (a command line for bash instead of
-    the entry point), `driver_script` (the custom driver's path), `distributed`
+    the entry point), `ranks_by_orchestrator` (Slurm started every rank as a
+    task of its own), `driver_script` (the custom driver's path), `distributed`
     (the distribution config's fields), `extra_exports` (variables exported
     beyond the reference's: the SDK v3 drivers'), and `v3_job` (the SDK v3
     tree as `v3.read` found it, or None: kept for those who ask what the tree

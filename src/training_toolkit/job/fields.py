@@ -82,7 +82,8 @@ def legacy_job(paths, environ, sagemaker_hps, framework_params, entry_point, ent
         requirements_source=None, code_as_package=True,
         needs_entry_point=True, distributes=False, runner=runner, shell_command=None,
         driver_script=None, distributed=None, v3_job=None, framework_defaults={},
-        hyperparameter_defaults={}, format_args=params.to_cmd_args, extra_exports={})
+        hyperparameter_defaults={}, format_args=params.to_cmd_args, extra_exports={},
+        ranks_by_orchestrator=False)
 
 
 def read_fields(paths, environ, resource_config, input_data_config, hyperparameters,
@@ -273,6 +274,7 @@ def _launch_as_orchestrated(placement, job, framework_params):
         job["needs_entry_point"] = False
     if placement.task_per_rank:  # Slurm started every rank: no second launcher
         job["runner"] = "Process"
+        job["ranks_by_orchestrator"] = True
         # Each task is one rank: what torch.distributed's env:// reads, for
         # every rank alike (an enroot hook's per-task values are overwritten).
         job["extra_exports"] = dict(

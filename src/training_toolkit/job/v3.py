@@ -322,7 +322,7 @@ def job_fields(job, paths, entry_point, entry_point_source):
         distributed=job.config, v3_job=job, framework_defaults=job.framework_parameters(),
         hyperparameter_defaults={} if mp_parameters is None else {"mp_parameters": mp_parameters},
         # The v3 drivers pass every hyperparameter as `--key value`, in file order.
-        format_args=cmd_args,
+        format_args=cmd_args, ranks_by_orchestrator=False,
         extra_exports=dict(
             SM_DISTRIBUTED_CONFIG=params.format_env_value(job.config),
             # Relative to SM_SOURCE_DIR, the working directory, as the SDK sets it.

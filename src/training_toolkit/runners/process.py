@@ -21,9 +21,11 @@ ONE_JOB = "one_job"
 def one_job(env):
     """Whether every host of `env` runs this runner as one job: several
     hosts, no distribution instance group whose hosts run another runner (a
-    heterogeneous job's other hosts run their process alone), and no
-    TRAINING_TOOLKIT_PROCESS_ALONE=1."""
+    heterogeneous job's other hosts run their process alone), not a rank
+    per task that Slurm started (the ranks are the job's, their verdict
+    srun's), and no TRAINING_TOOLKIT_PROCESS_ALONE=1."""
     return len(env.hosts) > 1 and not (env.is_hetero and env.distribution_instance_groups) \
+        and not env.ranks_by_orchestrator \
         and not params.setting(os.environ, params.PROCESS_ALONE_ENV)
 
 
