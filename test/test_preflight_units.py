@@ -174,7 +174,7 @@ def listener():
     try:
         yield server, server.port
     finally:
-        server.close()
+        server.stop_listening()
 
 
 def test_a_peer_with_the_key_is_answered_with_its_rtt_and_clock(listener):

@@ -137,7 +137,43 @@ def send_once(address, port, key, message, timeout=2.0):
         return False
 
 
-class MasterControl(Ledger):
+class Listening:
+    """A TCP server on `port` (0: any free one) whose thread accepts
+    connections and hands each to `_admit(conn, "address:port")` until
+    `stop_listening()`."""
+
+    def __init__(self, address, port, name):
+        self._server = socket.create_server((address, port), reuse_port=False, backlog=128)
+        self.port = self._server.getsockname()[1]
+        self._closed = False
+        threading.Thread(target=self._accept, name=name, daemon=True).start()
+
+    def _accept(self):
+        while not self._closed:
+            try:
+                conn, peer = self._server.accept()
+            except OSError:
+                if self._closed:
+                    return
+                time.sleep(0.05)  # e.g. out of file descriptors: the real peers retry
+                continue
+            self._admit(conn, "%s:%d" % peer[:2])
+
+    def _admit(self, conn, peer):
+        raise NotImplementedError
+
+    def stop_listening(self):
+        """Refuse new connections from now on and free the port: shutdown()
+        wakes the accept() that close() alone would leave listening."""
+        self._closed = True
+        for end in (lambda: self._server.shutdown(socket.SHUT_RDWR), self._server.close):
+            try:
+                end()
+            except OSError:
+                pass
+
+
+class MasterControl(Ledger, Listening):
     """The master's side: listens (on loopback only when there are no
     workers), admits and authenticates each connection, registers the
     workers, and enters every report in the job's ledger, which it is."""
@@ -151,32 +187,20 @@ class MasterControl(Ledger):
         self.drops = DropLog()
         self._joined = threading.Condition()  # around `links`
         self._unauthenticated = threading.BoundedSemaphore(MAX_UNAUTHENTICATED)
-        address = "" if self.workers or self.optional else "127.0.0.1"
-        self._server = socket.create_server((address, port), reuse_port=False, backlog=128)
-        self.port = self._server.getsockname()[1]
-        self._closed = False
-        threading.Thread(target=self._accept, name="control-accept", daemon=True).start()
+        Listening.__init__(self, "" if self.workers or self.optional else "127.0.0.1", port,
+                           "control-accept")
 
-    def _accept(self):
-        while not self._closed:
-            try:
-                conn, peer = self._server.accept()
-            except OSError:
-                if self._closed:
-                    return
-                time.sleep(0.05)  # e.g. out of file descriptors: the real peers retry
-                continue
-            peer = "%s:%d" % peer[:2]
-            if not self._unauthenticated.acquire(blocking=False):
-                self.drops.note(peer, "%d connections already wait to authenticate"
-                                % MAX_UNAUTHENTICATED)
-                conn.close()
-                continue
-            try:
-                threading.Thread(target=self._serve, args=(conn, peer), daemon=True).start()
-            except RuntimeError:  # no thread to spare
-                self._unauthenticated.release()
-                conn.close()
+    def _admit(self, conn, peer):
+        if not self._unauthenticated.acquire(blocking=False):
+            self.drops.note(peer, "%d connections already wait to authenticate"
+                            % MAX_UNAUTHENTICATED)
+            conn.close()
+            return
+        try:
+            threading.Thread(target=self._serve, args=(conn, peer), daemon=True).start()
+        except RuntimeError:  # no thread to spare
+            self._unauthenticated.release()
+            conn.close()
 
     def _serve(self, conn, peer):
         stream = Stream(conn, self.key, TO_WORKER, TO_MASTER, nonce())
@@ -302,16 +326,6 @@ class MasterControl(Ledger):
         for stream in links:
             try:
                 stream.send(message)
-            except OSError:
-                pass
-
-    def stop_listening(self):
-        """Refuse new connections from now on and free the port: shutdown()
-        wakes the accept() that close() alone would leave listening."""
-        self._closed = True
-        for end in (lambda: self._server.shutdown(socket.SHUT_RDWR), self._server.close):
-            try:
-                end()
             except OSError:
                 pass
 

@@ -42,7 +42,8 @@ from .. import backoff, log, params
 from ..errors import PreflightError
 from ..resilience import preflight, probes
 from ..resilience.preflight import Check, HostRecord, settings_of as settings_of
-from .control import MasterControl, Refused, WorkerLink, control_port, job_key_for
+from .control import (Listening, MasterControl, Refused, WorkerLink, control_port,
+                      job_key_for)
 from .wire import JOB_SECRET_ENV, TO_MASTER, TO_WORKER, Rejected, Stream, nonce, valid
 
 # The pre-flight's ports, from the control port: peers' probes, the all-reduce's store.
@@ -115,7 +116,7 @@ def run_for_job(settings, env, environ, reporter, attempt=0):
         if server is not None:
             server.close()
         if listener is not None:
-            listener.close()
+            listener.stop_listening()
     record.job_failures = failures
     record.write(results)
     reporter.set(preflight_checks=record.summary(time.monotonic() - started))
@@ -150,29 +151,18 @@ def _tasks(settings, level, env, environ, key, peer_port, round_, deadline):
 
 # -- peers --------------------------------------------------------------------
 
-class Listener:
-    """This host's side of its peers' probes, on `port` until close():
+class Listener(Listening):
+    """This host's side of its peers' probes, on `port` until stop_listening():
     answers each authentic hello of this round with this host's time, and
     takes a bandwidth stream where the hello announces one."""
 
     def __init__(self, port, key, host, round_, deadline):
         self.key, self.host, self.round = key, host, round_
         self.deadline = deadline
-        self._server = socket.create_server(("", port), backlog=128)
-        self.port = self._server.getsockname()[1]
-        self._closed = False
-        threading.Thread(target=self._accept, name="preflight-listen", daemon=True).start()
+        super().__init__("", port, "preflight-listen")
 
-    def _accept(self):
-        while not self._closed:
-            try:
-                conn, _ = self._server.accept()
-            except OSError:
-                if self._closed:
-                    return
-                time.sleep(0.05)
-                continue
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+    def _admit(self, conn, peer):
+        threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn):
         stream = Stream(conn, self.key, TO_WORKER, TO_MASTER, nonce())
@@ -194,14 +184,6 @@ class Listener:
             pass
         finally:
             stream.close()
-
-    def close(self):
-        self._closed = True
-        for end in (lambda: self._server.shutdown(socket.SHUT_RDWR), self._server.close):
-            try:
-                end()
-            except OSError:
-                pass
 
 
 def _drain(conn, wanted):
