@@ -13,18 +13,16 @@ PNG goes through cairosvg when it is installed.
 All times are the hosts' wall clocks (status.json's `time.time()`): hosts
 with skewed clocks are drawn skewed.
 
-The status files are read and checked by jobstatus.py, the attempt records
-here (read_attempts); here they become one picture: the layout and the
-hand-written SVG read best side by side, hence one module past 450 lines.
+The status files and the attempt records are read and checked by
+jobstatus.py; here they become one picture: the layout and the hand-written
+SVG read best side by side, hence one module past 450 lines.
 """
-import json
 import math
 import os
 from xml.sax.saxutils import escape, quoteattr
 
 from ..errors import MissingProgramError, UsageError
-from ..job.paths import JobPaths
-from .jobstatus import find_trees, read_job
+from .jobstatus import is_number, read_job, read_job_attempts
 
 # Phase kinds, in the order they happen, with their colours and legend names.
 KINDS = (
@@ -111,7 +109,7 @@ class Attempt:
         for key, text in (("restart_s", "started %.3f s after the last attempt's failure"),
                           ("detection_s", "its failure known %.3f s after it"),
                           ("lost_s", "%.3f s of work lost")):
-            if _is_number(e.get(key)):
+            if is_number(e.get(key)):
                 parts.append(text % e[key])
         if e.get("step") is not None:
             parts.append("step %s" % e["step"])
@@ -130,55 +128,6 @@ class Picture:
         self.span = span           # seconds from t0 to the last thing recorded
         self.rows = rows
         self.first_failure = first_failure  # (seconds, host, text) or None
-
-
-# -- the attempts of a restarted job ----------------------------------------------
-def _is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def read_attempts(path):
-    """The attempts in a host's resilience.json, or None where it wrote none
-    (no restarts). The fields drawn must have the types `train` writes: else a
-    UsageError naming the file and field, as for status.json."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            record = json.load(f)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise UsageError("%s cannot be read: %s" % (path, e.strerror or e)) from None
-    except ValueError as e:
-        raise UsageError("%s is not JSON: %s" % (path, e)) from None
-
-    def optional(entry, key, check):
-        return entry.get(key) is None or check(entry[key])
-
-    attempts = record.get("attempts") if isinstance(record, dict) else None
-    fields = [("attempts", isinstance(attempts, list))] + [
-        ("attempts[%d]" % i, isinstance(e, dict) and isinstance(e.get("attempt"), int)
-         and _is_number(e.get("started")) and optional(e, "ended", _is_number)
-         and optional(e, "failed_at", _is_number) and optional(e, "backoff_s", _is_number)
-         and optional(e, "exit_code", lambda c: isinstance(c, int))
-         and optional(e, "cause", lambda c: isinstance(c, str)))
-        for i, e in enumerate(attempts if isinstance(attempts, list) else [])]
-    for field, ok in fields:
-        if not ok:
-            raise UsageError("%s: field %r: expected %s; this is not a resilience.json that "
-                             "`train` wrote (or it was damaged)" % (
-                                 path, field, "a list" if field == "attempts" else
-                                 "{attempt, started, ended, exit_code, cause, ...}"))
-    return attempts
-
-
-def read_job_attempts(job_dir, hosts):
-    """{host: attempts} of the hosts of read_job(job_dir) that wrote resilience.json."""
-    found = {}
-    for (_, tree), (host, _, _) in zip(find_trees(job_dir), hosts):
-        attempts = read_attempts(JobPaths(tree).resilience_file)
-        if attempts:
-            found[host] = attempts
-    return found
 
 
 # -- layout (pure) --------------------------------------------------------------
