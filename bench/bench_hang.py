@@ -259,13 +259,7 @@ class Bench:
 
     def leftovers(self):
         """Kill (SIGKILL, by pid) any process still in the hosts; the pids killed."""
-        found = self.job.job_processes()
-        for pid, _ in found:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        return [pid for pid, _ in found]
+        return self.job.kill_job_processes()
 
     def tails(self, procs):
         out = []

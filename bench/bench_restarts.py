@@ -43,7 +43,6 @@ import glob
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -144,13 +143,7 @@ def kill_leftovers(job):
         if run.proc.poll() is None:
             run.proc.kill()
             run.proc.wait(timeout=30)
-    found = job.job_processes()
-    for pid, _ in found:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return [pid for pid, _ in found]
+    return job.kill_job_processes()
 
 
 def resilience_of(job, host):

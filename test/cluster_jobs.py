@@ -178,5 +178,15 @@ class ClusterJob:
                 continue
         return found
 
+    def kill_job_processes(self):
+        """SIGKILL (by pid) every process still in the hosts; the pids killed."""
+        found = self.job_processes()
+        for pid, _ in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return [pid for pid, _ in found]
+
     def signal(self, host, sig=signal.SIGTERM):
         self.runs[host].proc.send_signal(sig)
