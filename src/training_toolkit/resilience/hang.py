@@ -84,11 +84,27 @@ def dump(paths, host, ranks, deadline_s, on_demand=False):
     return summary
 
 
+def _stack_deadline(settings):
+    return (settings.stack_deadline_s if settings is not None
+            else params.setting(os.environ, params.STACK_DEADLINE_ENV))
+
+
+def process_dumper(paths, host, rank, supervisor, settings=None):
+    """`dump_here(on_demand)`: the stack of the one program `supervisor`
+    runs (the process runner's), as `rank`'s; {rank: summary}."""
+    def dump_here(on_demand):
+        proc = supervisor.proc
+        if proc is None:
+            return {}
+        return dump(paths, host, {rank: proc.pid}, _stack_deadline(settings), on_demand)
+
+    return dump_here
+
+
 def host_dumper(paths, host, settings=None):
     """`dump_here(on_demand)`: the stacks of this host's ranks, as their
     wrappers' pid files name them; {rank: summary}."""
-    deadline_s = (settings.stack_deadline_s if settings is not None
-                  else params.setting(os.environ, params.STACK_DEADLINE_ENV))
+    deadline_s = _stack_deadline(settings)
     return lambda on_demand: dump(
         paths, host, {rank: pids[1] for rank, pids in rank_pids(paths.ranks_dir).items()},
         deadline_s, on_demand)

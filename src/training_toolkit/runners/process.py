@@ -93,12 +93,12 @@ def run(launch_plan, supervisor, env, reporter):
 
     def on_hang(found):
         started = time.monotonic()
-        summaries = dump_here(env, supervisor, False, settings.stack_deadline_s)
+        summaries = dump_here(env, supervisor, False, settings)
         decided.append(hang.decide([found], summaries, settings.exit_code,
                                    time.monotonic() - started))
         supervisor.stop(signal.SIGTERM, ABORT_GRACE_S)
 
-    supervisor.on_dump = lambda: dump_here(env, supervisor, True, settings.stack_deadline_s)
+    supervisor.on_dump = lambda: dump_here(env, supervisor, True, settings)
     watchdog = Watchdog([watch], on_hang, lambda events: reporter.set(
         log_rule_events=watch.rule_events[-1000:]))
     watchdog.start()
@@ -113,13 +113,8 @@ def run(launch_plan, supervisor, env, reporter):
     return outcome
 
 
-def dump_here(env, supervisor, on_demand, deadline_s=None):
+def dump_here(env, supervisor, on_demand, settings=None):
     """The stack of the program (rank 0) on this host: on a hang, or on SIGQUIT."""
     from ..resilience import hang
 
-    proc = supervisor.proc
-    if proc is None:
-        return {}
-    if deadline_s is None:
-        deadline_s = params.setting(os.environ, params.STACK_DEADLINE_ENV)
-    return hang.dump(env.paths, env.current_host, {0: proc.pid}, deadline_s, on_demand)
+    return hang.process_dumper(env.paths, env.current_host, 0, supervisor, settings)(on_demand)

@@ -48,13 +48,8 @@ class _ProcessJob:
         """This host's process's stack, as rank N's (a hang, SIGQUIT)."""
         from ..resilience import hang
 
-        proc = self.supervisor.proc
-        if proc is None:
-            return {}
-        deadline_s = (self.hangs.stack_deadline_s if self.hangs is not None
-                      else params.setting(os.environ, params.STACK_DEADLINE_ENV))
-        return hang.dump(self.env.paths, self.host, {self.rank: proc.pid}, deadline_s,
-                         on_demand)
+        return hang.process_dumper(self.env.paths, self.host, self.rank, self.supervisor,
+                                   self.hangs)(on_demand)
 
     def _start(self, on_hang):
         """Start the process (watched, with the watchdog on); returns the watchdog or None."""
