@@ -18,34 +18,25 @@ progress, and the record that outlives `train`.
 """
 import json
 import os
-import re
 import time
 
 from .. import log, params
 from ..job.paths import ATTEMPTS_RECORD_NAME
 from .restarts import AttemptHistory
 
-HEARTBEAT_READ_BYTES = 4096
-
 
 def max_step(heartbeats_dir):
     """The highest whole `step=N` in the heartbeat files of `heartbeats_dir`, or None."""
-    best = None
+    from .watchdog import read_heartbeat
+
     try:
         names = os.listdir(heartbeats_dir)
     except OSError:
         return None
-    for name in names:
-        try:
-            with open(os.path.join(heartbeats_dir, name), "rb") as f:
-                text = f.read(HEARTBEAT_READ_BYTES).decode("utf-8", "replace")
-        except OSError:
-            continue
-        found = re.search(r"(?:^|\s)step=(-?\d+)(?:\s|$)", text)
-        if found:
-            step = int(found.group(1))
-            best = step if best is None else max(best, step)
-    return best
+    steps = [(read_heartbeat(os.path.join(heartbeats_dir, name)) or {}).get("step", "")
+             for name in names]
+    whole = [int(step) for step in steps if step.lstrip("-").isdigit()]
+    return max(whole) if whole else None
 
 
 def newest_checkpoint(checkpoint_dir, marker):

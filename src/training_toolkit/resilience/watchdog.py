@@ -43,6 +43,17 @@ class Hang:
         return cls(**{k: v for k, v in message.items() if k in fields})
 
 
+def read_heartbeat(path):
+    """The `key=value` fields of a heartbeat file (`step=N phase=NAME`), or
+    None when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read(HEARTBEAT_READ_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return None
+    return dict(p.partition("=")[::2] for p in text.split() if "=" in p)
+
+
 class RankWatch:
     """One rank's progress, fed by its relays and its heartbeat file."""
 
@@ -115,12 +126,9 @@ class RankWatch:
             return
         self.heartbeat = seen
         self.last_progress = now
-        try:
-            with open(self.heartbeat_file, "rb") as f:
-                text = f.read(HEARTBEAT_READ_BYTES).decode("utf-8", "replace")
-        except OSError:
+        fields = read_heartbeat(self.heartbeat_file)
+        if fields is None:
             return
-        fields = dict(p.partition("=")[::2] for p in text.split() if "=" in p)
         self.step, self.phase = fields.get("step", ""), fields.get("phase", "")
 
     def check(self, now=None):
