@@ -344,12 +344,15 @@ def test_a_hang_is_restarted_when_restart_on_names_it(tmp_path, restart_on, code
 
 
 
+# algo-2 fills its disk and fails; algo-1 waits to be stopped by that
+# failure (failing at once itself, it could stop algo-2 before the write).
 FILLS_ITS_DISK = """
-import os, sys
+import os, sys, time
 if os.environ["SM_CURRENT_HOST"] == "algo-2":
     with open(os.path.join(os.environ["TRAINING_TOOLKIT_CHECKPOINT_DIR"], "junk"), "wb") as f:
         f.write(b"x" * 800_000)
-sys.exit(3)
+    sys.exit(3)
+time.sleep(60)
 """
 
 
