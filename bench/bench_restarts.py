@@ -6,9 +6,13 @@ of the same job, and on one node against torchrun's own --max-restarts.
 
 Every rank's script records time.time() at its first line, per attempt, in
 its host's model/ (the simulated hosts share one clock); the last rank
-crashes (exit 3) on the first attempt, after two collectives, recording the
-time just before it exits. TRAINING_TOOLKIT_RESTART_BACKOFF_S=0, so that the
-backoff (default 5 s, doubling) is not what is measured.
+crashes (exit 3) on the first attempt, after two collectives and once
+--crash-after seconds have passed since its first line (a failure in the
+course of training, not in the attempt's first seconds: `train` starts the
+next attempt's launcher warm TRAINING_TOOLKIT_WARM_RESTART_AFTER_S, 10 s by
+default, into an attempt), recording the time just before it exits.
+TRAINING_TOOLKIT_RESTART_BACKOFF_S=0, so that the backoff (default 5 s,
+doubling) is not what is measured.
 
 Cases (--cases), each alternated run by run (common.alternate, no warm-up):
   multi-host   at each host count of --hosts, for each runner of --runners:
@@ -91,6 +95,7 @@ crash = os.environ.get("CRASH") == "1" and attempt == 0 and rank == world - 1
 for step in range(3):
     collective()
     if crash and step == 1:
+        time.sleep(max(0.0, first_line + float(os.environ["CRASH_AFTER_S"]) - time.time()))
         mark("failed-at", time.time())
         os._exit(3)
 if "OMPI_COMM_WORLD_RANK" not in os.environ:
@@ -153,22 +158,23 @@ def resilience_of(job, host):
         return []
 
 
-def run_train(job, world, timeout, crash):
+def run_train(job, world, args, crash):
     """One `train` run on every host of `job`, TRAINING_TOOLKIT_RESTARTS=1 and
-    no backoff; the crash on attempt 0 with `crash`. Its record: the cold
+    no backoff; the crash on attempt 0 with `crash`, --crash-after into it. Its record: the cold
     start (train's start -> attempt 0's last first line), with `crash` the
     restart (the crash -> attempt 1's last first line) and the master's
     resilience.json figures; "error" where the run went wrong."""
     clean(job)
     extra = dict(TRAINING_TOOLKIT_RESTARTS=1, TRAINING_TOOLKIT_RESTART_BACKOFF_S=0,
-                 SM_TERMINATION_GRACE_SECONDS=10, **({"CRASH": 1} if crash else {}))
+                 SM_TERMINATION_GRACE_SECONDS=10, CRASH_AFTER_S=args.crash_after,
+                 **({"CRASH": 1} if crash else {}))
     record = {"load_1min": round(os.getloadavg()[0], 2)}
     started = time.time()
     job.start(**extra)
     try:
-        job.wait(timeout=timeout)
+        job.wait(timeout=args.timeout)
     except AssertionError as e:
-        record["error"] = "timed out after %g s: %s" % (timeout, str(e)[:2000])
+        record["error"] = "timed out after %g s: %s" % (args.timeout, str(e)[:2000])
         record["killed"] = kill_leftovers(job)
         return record
     record["codes"] = job.codes()
@@ -211,10 +217,10 @@ def stages(job, every, failed_at):
                 len(r) >= 2 for r in runs) else None}
 
 
-def run_torchrun_by_hand(job, rdzv, port, timeout):
+def run_torchrun_by_hand(job, args, port):
     """torchrun's own restart, by hand in the job's one host, the crash on its
     first attempt: the crash -> the last rank's first line of attempt 1.
-    `rdzv` "standalone": --standalone, with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+    --torchrun-rdzv "standalone": --standalone, with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
     (a store of its own per attempt); "static": --master_port, the plain line,
     whose one store outlives the attempt (attempt 1's gloo can read attempt
     0's addresses from it, and fail)."""
@@ -223,20 +229,23 @@ def run_torchrun_by_hand(job, rdzv, port, timeout):
     model = JobPaths(job.roots[host]).model_dir
     argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node",
             "2", "--max-restarts", "1"]
+    rdzv = args.torchrun_rdzv
     argv += ["--standalone"] if rdzv == "standalone" else ["--master_port", str(port)]
     extra = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": 1} if rdzv == "standalone" else {}
     log_path = os.path.join(job.root, "torchrun-by-hand.log")
     record = {"load_1min": round(os.getloadavg()[0], 2)}
     with open(log_path, "wb") as log:
         proc = job.cluster.popen(host, argv + ["train.py"],
-                                 env=job.env(CRASH=1, MARKS_DIR=model, **extra), cwd=job.src,
+                                 env=job.env(CRASH=1, MARKS_DIR=model,
+                                             CRASH_AFTER_S=args.crash_after, **extra),
+                                 cwd=job.src,
                                  stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     try:
-        code = proc.wait(timeout=timeout)
+        code = proc.wait(timeout=args.timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=30)
-        record["error"] = "timed out after %g s (log %s)" % (timeout, log_path)
+        record["error"] = "timed out after %g s (log %s)" % (args.timeout, log_path)
         record["killed"] = kill_leftovers(job)
         return record
     firsts, failed_at = marks(job)
@@ -299,8 +308,8 @@ def bench_multi_host(root, runner, n, args, results):
     records = {RESTART: [], COLD: []}
     with cluster_job(os.path.join(root, "%s-%d" % (runner, n)), runner, n) as job:
         common.alternate({
-            RESTART: contender(lambda: run_train(job, n, args.timeout, True), records[RESTART]),
-            COLD: contender(lambda: run_train(job, n, args.timeout, False), records[COLD])},
+            RESTART: contender(lambda: run_train(job, n, args, True), records[RESTART]),
+            COLD: contender(lambda: run_train(job, n, args, False), records[COLD])},
             args.runs, warmup=0)
     results.append({"case": "%s, %d hosts x 1 rank" % (runner, n), "runner": runner,
                     "hosts": n, "records": records})
@@ -348,10 +357,10 @@ def bench_one_node(root, args, results):
 
     def by_hand():
         port[0] += 1  # a fresh port each run (no TIME_WAIT clash)
-        return run_torchrun_by_hand(job, args.torchrun_rdzv, port[0], args.timeout)
+        return run_torchrun_by_hand(job, args, port[0])
 
     with cluster_job(os.path.join(root, "one-node"), "torchrun", 1, per_host=2) as job:
-        common.alternate({ONE_TRAIN: contender(lambda: run_train(job, 2, args.timeout, True),
+        common.alternate({ONE_TRAIN: contender(lambda: run_train(job, 2, args, True),
                                                records[ONE_TRAIN]),
                           ONE_TORCHRUN: contender(by_hand, records[ONE_TORCHRUN])},
                          args.runs, warmup=0)
@@ -383,6 +392,9 @@ def parse(argv=None):
                    help="the one-node torchrun's rendezvous: --standalone with a store per "
                         "attempt, or static (--master_port), the plain line (default "
                         "%(default)s)")
+    p.add_argument("--crash-after", type=float, default=15.0,
+                   help="seconds after its first line at which the crashing rank fails "
+                        "(default %(default)s)")
     p.add_argument("--json", metavar="PATH", help="also write every run's record to PATH")
     args = p.parse_args(argv)
     try:
@@ -397,8 +409,8 @@ def parse(argv=None):
     args.cases = args.cases.split(",")
     if not set(args.cases) <= set(CASES):
         p.error("--cases: any of %s, not %r" % (", ".join(CASES), ",".join(args.cases)))
-    if args.runs < 1 or args.timeout <= 0:
-        p.error("--runs must be at least 1 and --timeout over 0")
+    if args.runs < 1 or args.timeout <= 0 or args.crash_after < 0:
+        p.error("--runs must be at least 1, --timeout over 0 and --crash-after at least 0")
     return args
 
 

@@ -27,6 +27,9 @@ def test_off_by_default_and_the_defaults():
     assert s.on == {"failure", "hang"}
     assert s.no_restart_codes == frozenset(range(64, 79))
     assert s.status()["no_restart_exit_codes"] == "64-78"
+    assert s.warm_after_s == 10.0
+    assert settings(TRAINING_TOOLKIT_WARM_RESTART_AFTER_S="2.5").warm_after_s == 2.5
+    assert settings(TRAINING_TOOLKIT_WARM_RESTARTS="0").warm_after_s is None
 
 
 @pytest.mark.parametrize("text, codes", [
@@ -46,7 +49,8 @@ def test_exit_code_lists(text, codes):
     ("NO_RESTART_EXIT_CODES", "64-"), ("NO_RESTART_EXIT_CODES", "0-3"),
     ("NO_RESTART_EXIT_CODES", "78-64"), ("NO_RESTART_EXIT_CODES", "256"),
     ("RESTART_ON", "crash"), ("RESTART_ON", "failure,"),
-    ("MAX_NO_PROGRESS_RESTARTS", "0"),
+    ("MAX_NO_PROGRESS_RESTARTS", "0"), ("WARM_RESTARTS", "2"),
+    ("WARM_RESTART_AFTER_S", "-1"), ("WARM_RESTART_AFTER_S", "soon"),
 ])
 def test_bad_values_are_config_errors_naming_the_variable(variable, value):
     name = "TRAINING_TOOLKIT_" + variable
@@ -208,6 +212,7 @@ def test_plan_says_what_restarts_will_do(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "restarts: 3 per 600s, on failure and hang, after 5s doubling up to 300s; exit " \
-           "codes 64-78 end the job; 93 after 3 attempts in a row without progress" in out.stdout
+           "codes 64-78 end the job; 93 after 3 attempts in a row without progress; the next " \
+           "attempt's launcher waits warm from 10s into an attempt" in out.stdout
     off = subprocess.run(cli, env=job.env(), capture_output=True, text=True, timeout=60)
     assert "restarts: off (TRAINING_TOOLKIT_RESTARTS unset)" in off.stdout

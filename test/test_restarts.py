@@ -136,6 +136,40 @@ def test_a_crash_on_the_first_attempt_restarts_the_job_once_and_it_ends_0(tmp_pa
         assert status["resilience"]["attempts"] == 2 and status["resilience"]["restarts"] == 1
 
 
+def standby_processes():
+    """Processes started as a standby launcher (supervise/standby.py), on any host."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if "TRAINING_TOOLKIT_STANDBY_FIFO" in proc.environ():
+                found.append(proc.pid)
+        except (psutil.Error, OSError):
+            pass
+    return found
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_a_torchrun_restart_adopts_the_standby_launcher_and_leaves_none_behind(tmp_path, warm):
+    settings = dict(TRAINING_TOOLKIT_WARM_RESTART_AFTER_S=0) if warm else dict(
+        TRAINING_TOOLKIT_WARM_RESTARTS=0)
+    with cluster_job(tmp_path, "torchrun") as job:
+        # RESTARTS=2: the attempt that succeeds has a standby of its own, never used.
+        job.start(TRAINING_TOOLKIT_RESTARTS=2, TRAINING_TOOLKIT_RESTART_BACKOFF_S=0,
+                  **settings).wait(timeout=240)
+        errs = {h: r.err.decode("utf-8", "replace") for h, r in job.runs.items()}
+        assert job.codes() == {h: 0 for h in job.hosts}, errs
+        for index, host in enumerate(job.hosts):
+            records = attempts_of(job, host)
+            assert [a["attempt"] for a in records] == [0, 1], records
+            assert "warm_start" not in records[0] and records[1]["warm_start"] is warm
+            for rank in (2 * index, 2 * index + 1):  # the restarted ranks ran as attempt 1
+                assert seen(job, host, 1, rank)["torchelastic"] == "1"
+            assert not job.exists(host, "toolkit", "standby.fifo")
+        assert standby_processes() == []
+
+
 @pytest.mark.parametrize("kind", ["torchrun", "process"])
 def test_always_crashing_restarts_exactly_twice_with_the_backoff_then_the_users_code(
         tmp_path, kind):

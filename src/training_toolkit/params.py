@@ -143,6 +143,10 @@ RESTART_WINDOW_ENV = "TRAINING_TOOLKIT_RESTART_WINDOW_S"     # the budget per wi
 NO_RESTART_EXIT_CODES_ENV = "TRAINING_TOOLKIT_NO_RESTART_EXIT_CODES"
 MAX_NO_PROGRESS_RESTARTS_ENV = "TRAINING_TOOLKIT_MAX_NO_PROGRESS_RESTARTS"
 RESTART_COUNT_ENV = "TRAINING_TOOLKIT_RESTART_COUNT"   # exported to each rank
+# 1: while another attempt may follow, its launcher waits warm (supervise/standby.py),
+# from this long after the attempt's start on.
+WARM_RESTARTS_ENV = "TRAINING_TOOLKIT_WARM_RESTARTS"
+WARM_RESTART_AFTER_ENV = "TRAINING_TOOLKIT_WARM_RESTART_AFTER_S"
 # Pre-flight (resilience/preflight.py): off, basic or full.
 PREFLIGHT_ENV = "TRAINING_TOOLKIT_PREFLIGHT"
 PREFLIGHT_TIMEOUT_ENV = "TRAINING_TOOLKIT_PREFLIGHT_TIMEOUT_S"
@@ -180,6 +184,8 @@ SETTINGS = {
     RESTART_BACKOFF_ENV: (float, 0, 300, 5.0),
     RESTART_WINDOW_ENV: (float, 1e-3, None, None),   # default: one budget for the whole job
     MAX_NO_PROGRESS_RESTARTS_ENV: (int, 1, None, 3),
+    WARM_RESTARTS_ENV: (int, 0, 1, 1),
+    WARM_RESTART_AFTER_ENV: (float, 0, None, 10.0),
     PREFLIGHT_TIMEOUT_ENV: (float, 1e-3, None, 60.0),
     PREFLIGHT_MIN_GBPS_ENV: (float, 0, None, None),
     PREFLIGHT_MIN_FREE_GB_ENV: (float, 0, None, None),

@@ -301,7 +301,8 @@ class AttemptLoop:
                     " (%s)" % outcome.where if outcome.where else "", decision.reason))
                 _sleep(decision.backoff_s)  # a SIGTERM here ends the job (143), no more attempts
         finally:
-            self.supervisor.decide_next = None
+            self.supervisor.decide_next = self.supervisor.warm_next = None
+            self.supervisor.discard_standby()
             self.reporter.set(resilience=attempts.summary())
 
     def _attempt(self, runner):
@@ -313,17 +314,34 @@ class AttemptLoop:
             if variables is not None:
                 variables[params.RESTART_COUNT_ENV] = str(attempts.number)
         self.reporter.set(resilience=attempts.summary())
+        self.supervisor.warm_next = self._warm_next()
         try:
             if attempts.number:
                 _rejoin(self.env, plan, attempts.number)
             preflight(self.env, self.reporter, attempts.number)
-            return _phase(self.reporter, "run", runner.run, plan, self.supervisor, self.env,
-                          self.reporter)
+            self.supervisor.started_warm = False
+            outcome = _phase(self.reporter, "run", runner.run, plan, self.supervisor, self.env,
+                             self.reporter)
+            if attempts.number:
+                attempts.entries[-1]["warm_start"] = self.supervisor.started_warm
+            return outcome
         except (ClusterError, PreflightError) as error:  # a host lost, or not fit to run
             attempts.end(error.exit_code, "preflight" if isinstance(error, PreflightError)
                          else "lost")
             attempts.save()
             raise
+
+    def _warm_next(self):
+        """What the next attempt's start differs in, while one may follow
+        and warm restarts are on (supervise/standby.py); else None."""
+        settings, number = self.settings, self.attempts.number
+        spent = settings.window_s is None and number >= settings.restarts
+        if settings.warm_after_s is None or spent:
+            return None
+        from .supervise.standby import WarmNext
+
+        return WarmNext({params.RESTART_COUNT_ENV: str(number + 1)},
+                        self.env.paths.standby_fifo, settings.warm_after_s)
 
     def _conclude(self, outcome):
         """The decision on the attempt that ended with `outcome`: this

@@ -235,6 +235,11 @@ class JobPaths:
         return self._join("toolkit", "stacks")
 
     @property
+    def standby_fifo(self):
+        """Where the next attempt's standby launcher waits for its go."""
+        return self._join("toolkit", "standby.fifo")
+
+    @property
     def stop_file(self):
         """TRAINING_TOOLKIT_STOP_FILE: created at a stop notice, for ranks that poll."""
         return self._join("toolkit", "stop")

@@ -36,12 +36,15 @@ class RestartSettings:
     window_s: object          # float, or None: one budget for the whole job
     no_restart_codes: frozenset
     max_no_progress: int
+    # Seconds into an attempt when the next attempt's launcher starts to wait
+    # warm (supervise/standby.py); None: restarts start it cold.
+    warm_after_s: object = 10.0
 
     def status(self):
         return {"restarts": self.restarts, "on": sorted(self.on), "backoff_s": self.backoff_s,
                 "window_s": self.window_s, "max_no_progress": self.max_no_progress,
-                "no_restart_exit_codes": compact(self.no_restart_codes)}
-
+                "no_restart_exit_codes": compact(self.no_restart_codes),
+                "warm_after_s": self.warm_after_s}
 
     def describe(self):
         """One line for `training-toolkit plan`."""
@@ -49,7 +52,9 @@ class RestartSettings:
                 "%d attempts in a row without progress" % (
                     self.restarts, " per %gs" % self.window_s if self.window_s else "",
                     " and ".join(sorted(self.on)), self.backoff_s, MAX_BACKOFF_S,
-                    compact(self.no_restart_codes), self.max_no_progress))
+                    compact(self.no_restart_codes), self.max_no_progress)
+                + ("; the next attempt's launcher waits warm from %gs into an attempt"
+                   % self.warm_after_s if self.warm_after_s is not None else ""))
 
 
 def settings_of(environ):
@@ -59,11 +64,14 @@ def settings_of(environ):
     on = parse_causes(environ.get(params.RESTART_ON_ENV, ""))
     codes = parse_codes(environ.get(params.NO_RESTART_EXIT_CODES_ENV, ""))
     restarts = params.setting(environ, params.RESTARTS_ENV)
+    warm = params.setting(environ, params.WARM_RESTARTS_ENV)
+    warm_after_s = params.setting(environ, params.WARM_RESTART_AFTER_ENV)
     if not restarts:
         return None
     return RestartSettings(restarts, on, params.setting(environ, params.RESTART_BACKOFF_ENV),
                            params.setting(environ, params.RESTART_WINDOW_ENV), codes,
-                           params.setting(environ, params.MAX_NO_PROGRESS_RESTARTS_ENV))
+                           params.setting(environ, params.MAX_NO_PROGRESS_RESTARTS_ENV),
+                           warm_after_s if warm else None)
 
 
 def parse_causes(text):

@@ -161,7 +161,7 @@ def run(launch, supervisor, env, reporter):
                     rank is None and coordinator.stop_everywhere(signal.SIGTERM, 3.0))
             supervisor.on_terminate = lambda sig: coordinator.stop_everywhere(
                 sig, supervisor.stop_window())
-            outcome = stopped_is_sigterm(run_command(supervisor, launch.command))
+            outcome = stopped_is_sigterm(run_command(supervisor, launch.command, settings))
             # With restarts, a rank's failure is not final: torchrun's is.
             return coordinator.verdict(outcome, expected_ranks=settings.world_size,
                                        ranks_decide=settings.max_restarts == 0)
@@ -175,7 +175,7 @@ def run(launch, supervisor, env, reporter):
     supervisor.on_terminate = lambda sig: local(sig, supervisor.stop_window())
     supervisor.on_dump = lambda: dump_here(True)
     try:
-        outcome = run_command(supervisor, launch.command)
+        outcome = run_command(supervisor, launch.command, settings)
         if outcome.exit_code != 0 and not worker.told_to_stop:
             worker.report_failure(env.current_host, outcome.exit_code)
         return worker.outcome(supervisor.terminating or worker.told_to_stop)
@@ -203,5 +203,8 @@ def stopped_is_sigterm(outcome):
     return outcome
 
 
-def run_command(supervisor, command):
-    return supervisor.run(command.argv, env=command.full_env(), cwd=command.cwd)
+def run_command(supervisor, command, settings):
+    # The launcher can wait warm for a restart (supervise/standby.py), unless
+    # the Neuron precompiler runs it.
+    return supervisor.run(command.argv, env=command.full_env(), cwd=command.cwd,
+                          standby=not settings.neuron_parallel_compile)

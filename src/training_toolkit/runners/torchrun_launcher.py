@@ -17,6 +17,14 @@ runs torch.distributed.run's own `main` with ARGS, and differs from
   leaves through os._exit with the status Python would have given: 0, the
   SystemExit code, or 1 after printing the traceback.
 
+Started as the standby of a restart's attempt (STANDBY_ENV names a FIFO;
+training_toolkit/supervise/standby.py), the script waits STANDBY_AFTER_ENV
+seconds, so as not to slow the running attempt's own start, then imports
+torch at idle CPU priority (where it holds CAP_SYS_NICE to come back from
+it), and waits for the go (one byte on the FIFO) before it goes on as above;
+a go during the wait starts the import at once, and the FIFO's end without a
+go ends the script.
+
 And SIGUSR1 and SIGUSR2 ("checkpoint now", which `train` passes on) go to
 the agent's workers, the ranks, instead of ending the agent as they would.
 
@@ -32,12 +40,18 @@ second notice is torch's. With restarts torch's handler stays, so that the
 agent does not restart the workers that a stop ended.
 """
 import os
+import select
 import signal
 import socket
 import sys
 import time
 
 STORE_WAIT_S = 600
+# training_toolkit.supervise.standby's, which this file cannot import.
+STANDBY_ENV = "TRAINING_TOOLKIT_STANDBY_FIFO"
+STANDBY_AFTER_ENV = "TRAINING_TOOLKIT_STANDBY_AFTER_S"
+GO = b"g"
+CAP_SYS_NICE = 23
 
 
 def wait_for_store(address, seconds):
@@ -122,7 +136,40 @@ def notice_workers_first(api):
     api._terminate_process_handler = on_signal
 
 
+def park():
+    """A standby's wait at idle priority, where it may come back from it:
+    whether it parked so."""
+    try:
+        with open("/proc/self/status") as f:
+            caps = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+        if caps >> CAP_SYS_NICE & 1:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            return True
+    except (OSError, StopIteration, ValueError, IndexError):
+        pass
+    return False
+
+
+def await_go(fd, parked):
+    """Block until `train` says go on the FIFO `fd`; end quietly on anything else."""
+    go = os.read(fd, 1)
+    os.close(fd)
+    if go != GO:
+        os._exit(0)
+    if parked:  # `train` raises every thread of it at the go, where it may
+        try:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        except OSError:
+            pass
+
+
 def main(argv):
+    fifo, go_fd, parked = os.environ.pop(STANDBY_ENV, None), None, False
+    wait_s = float(os.environ.pop(STANDBY_AFTER_ENV, "") or 0)
+    if fifo is not None:
+        go_fd = os.open(fifo, os.O_RDONLY | os.O_CLOEXEC)  # `train` holds it open: no block
+        if not select.select([go_fd], [], [], wait_s)[0]:  # no go (nor end) meanwhile
+            parked = park()
     for signum in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(signum, forward_to_children)
     # Run as a script, this file's directory (the toolkit's own modules)
@@ -136,6 +183,8 @@ def main(argv):
         import torch.distributed.elastic.multiprocessing.api as api
 
         notice_workers_first(api)
+    if go_fd is not None:
+        await_go(go_fd, parked)
     wait_for, sys.argv = argv[0], ["torchrun"] + argv[1:]
     if wait_for != "-":
         wait_for_store(wait_for, STORE_WAIT_S)

@@ -132,6 +132,11 @@ class Supervisor:
         self.services = set()
         self._not_ours = set()
         self._relays = {}
+        # With restarts on, while another attempt may follow: what its start
+        # will differ in (standby.WarmNext), so a standby of it can be made.
+        self.warm_next = None
+        self._standby = None
+        self.started_warm = False  # a start adopted a standby (reset by its caller)
         self.on_terminate = None
         # Set by the runner: writes every rank's stack, the job going on (SIGQUIT).
         self.on_dump = None
@@ -143,41 +148,40 @@ class Supervisor:
         return self.wait()
 
     def start(self, argv, env=None, cwd=None, relay_stdout=False, relay_stderr=True,
-              transform=None, line_at_a_time=False, tag=None, watch=None):
+              transform=None, line_at_a_time=False, tag=None, watch=None, standby=False):
         """Start `argv` in its own session. stdout is inherited (no copy at
         all) unless `relay_stdout`; stderr is relayed and its tail kept.
         Relayed output is written in whole lines, optionally rewritten by
         `transform`, optionally one line per write, each prefixed with
         `tag[fd]` (a rank's host and number). `watch` (the hang watchdog's
-        RankWatch) sees what is relayed."""
+        RankWatch) sees what is relayed. `standby`: the program knows the
+        standby protocol (supervise/standby.py), so this start may adopt a
+        standby, and one is started for the next attempt where `warm_next`
+        says one may follow."""
         if self.terminating:
             raise Terminated(signal.SIGTERM)
+        env = dict(os.environ if env is None else env)
+        streams = [name for name, wanted in (("stdout", relay_stdout), ("stderr", relay_stderr))
+                   if wanted]
+        waiting, self._standby = self._standby, None
+        if waiting is not None:
+            self.services.discard(waiting.proc.pid)
+            if not (standby and waiting.fits(argv, env, cwd, streams)):
+                waiting.discard()
+                waiting = None
         # Children we already had (a framework's own helpers, sshd) are not
         # part of this command's tree; anything reparented to us later is.
         self._not_ours = self.services | set(proctree.children(os.getpid()))
         self._stop_sig = None
         self._noticed = set()
-        pipes = {name: _relay_pipe() for name, wanted in (("stdout", relay_stdout),
-                                                          ("stderr", relay_stderr)) if wanted}
-        self._starting = True
-        try:
-            self.proc = proctree.Process(argv, env=env, cwd=cwd,
-                                         stdout=pipes["stdout"][1] if relay_stdout else None,
-                                         stderr=pipes["stderr"][1] if relay_stderr else None)
-        except OSError as e:
-            for read_end, write_end in pipes.values():
-                os.close(read_end)
-                os.close(write_end)
-            if not isinstance(e, proctree.StartError):
-                raise  # fork itself failed: not the program's fault
-            from ..errors import MissingProgramError
-
-            raise MissingProgramError(e.strerror) from None
-        finally:
-            self._starting = False
+        if waiting is not None:
+            self.proc, read_ends = waiting.go()
+            self._not_ours.discard(self.proc.pid)
+            self.started_warm = True
+        else:
+            self.proc, read_ends = self._spawn(argv, env, cwd, streams)
         self._relays = {}
-        for name, (read_end, write_end) in pipes.items():
-            os.close(write_end)
+        for name, read_end in read_ends.items():
             out_fd = 1 if name == "stdout" else 2
             relay = LineRelay(read_end, out_fd, transform, line_at_a_time,
                               (tag or {}).get(out_fd, b""), splice=True, watch=watch)
@@ -185,7 +189,55 @@ class Supervisor:
             self._relays[name] = relay
         if self.terminating:  # a stop request came while it was starting
             self.stop(signal.SIGTERM, self.stop_window())
+        elif standby and self.warm_next is not None:
+            self._start_standby(argv, env, cwd, streams)
         return self.proc
+
+    def _spawn(self, argv, env, cwd, streams):
+        """(the Process of `argv`, {stream: our read end of its pipe})."""
+        pipes = {name: _relay_pipe() for name in streams}
+        self._starting = True
+        try:
+            proc = proctree.Process(argv, env=env, cwd=cwd,
+                                    stdout=pipes["stdout"][1] if "stdout" in pipes else None,
+                                    stderr=pipes["stderr"][1] if "stderr" in pipes else None)
+        except OSError as e:
+            for read_end, _ in pipes.values():
+                os.close(read_end)
+            if not isinstance(e, proctree.StartError):
+                raise  # fork itself failed: not the program's fault
+            from ..errors import MissingProgramError
+
+            raise MissingProgramError(e.strerror) from None
+        finally:
+            self._starting = False
+            for _, write_end in pipes.values():
+                os.close(write_end)
+        return proc, {name: read_end for name, (read_end, _) in pipes.items()}
+
+    def _start_standby(self, argv, env, cwd, streams):
+        """The next attempt's launcher, parked (supervise/standby.py); none
+        where it cannot start: the next attempt then starts cold."""
+        from .standby import Standby
+
+        warm = self.warm_next
+        try:
+            self._standby = Standby(argv, dict(env, **warm.changes), cwd, streams, warm.fifo,
+                                    warm.after_s)
+        except OSError as e:
+            from .. import log
+
+            log.debug("no standby for the next attempt (%s): it will start cold" % e)
+            return
+        self.services.add(self._standby.proc.pid)
+        self._not_ours.add(self._standby.proc.pid)
+
+    def discard_standby(self):
+        """Kill the standby, if any: no attempt will adopt it."""
+        waiting, self._standby = self._standby, None
+        if waiting is not None:
+            self.services.discard(waiting.proc.pid)
+            waiting.discard()
 
     def wait(self):
         proc = self.proc
