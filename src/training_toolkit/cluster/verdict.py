@@ -131,11 +131,12 @@ class Ledger:
     def was_lost(self, host):
         return any(w.host == host for w in self.lost)
 
-    def wait_for_exits(self, count, deadline):
-        """Wait until `count` ranks reported their exit (or a failure)."""
+    def wait_for_exits(self, count, deadline, every=False):
+        """Wait until `count` ranks reported their exit (or, unless
+        `every`, a failure)."""
         with self._cond:
-            while len(self.exited_ranks()) < count and not any(
-                    e.exit_code for e in self.exits):
+            while len(self.exited_ranks()) < count and (every or not any(
+                    e.exit_code for e in self.exits)):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
