@@ -392,7 +392,7 @@ def parse(argv=None):
                    help="the one-node torchrun's rendezvous: --standalone with a store per "
                         "attempt, or static (--master_port), the plain line (default "
                         "%(default)s)")
-    p.add_argument("--crash-after", type=float, default=15.0,
+    p.add_argument("--crash-after", type=float, default=30.0,
                    help="seconds after its first line at which the crashing rank fails "
                         "(default %(default)s)")
     p.add_argument("--json", metavar="PATH", help="also write every run's record to PATH")

@@ -70,7 +70,7 @@ def test_an_ours_venv_that_cannot_be_built_is_one_line(tmp_path):
 def test_bench_restarts_takes_hosts_runs_and_runners():
     result = bench("bench_restarts.py", "--help")
     assert result.returncode == 0, result.stderr
-    for option in ("--hosts", "--runs", "--runners", "--cases", "--timeout"):
+    for option in ("--hosts", "--runs", "--runners", "--cases", "--timeout", "--crash-after"):
         assert option in result.stdout
 
 
@@ -81,6 +81,7 @@ def test_bench_restarts_takes_hosts_runs_and_runners():
     (["--cases", "one-node,everything"], "--cases"),
     (["--runs", "0"], "--runs"),
     (["--torchrun-rdzv", "etcd"], "--torchrun-rdzv"),
+    (["--crash-after", "-1"], "--crash-after"),
 ])
 def test_bench_restarts_refuses_a_bad_option_before_anything_runs(args, option):
     result = bench("bench_restarts.py", *args)

@@ -212,7 +212,7 @@ def test_plan_says_what_restarts_will_do(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "restarts: 3 per 600s, on failure and hang, after 5s doubling up to 300s; exit " \
-           "codes 64-78 end the job; 93 after 3 attempts in a row without progress; the next " \
-           "attempt's launcher waits warm from 10s into an attempt" in out.stdout
+           "codes 64-78 end the job; 93 after 3 attempts in a row without progress; a torchrun " \
+           "or MPI launch waits warm for the next attempt from 10s into an attempt" in out.stdout
     off = subprocess.run(cli, env=job.env(), capture_output=True, text=True, timeout=60)
     assert "restarts: off (TRAINING_TOOLKIT_RESTARTS unset)" in off.stdout

@@ -317,7 +317,11 @@ class AttemptLoop:
         self.supervisor.warm_next = self._warm_next()
         try:
             if attempts.number:
-                _rejoin(self.env, plan, attempts.number)
+                from .cluster.rejoin import rejoin_for_attempt, parked_here
+
+                if not rejoin_for_attempt(self.env, plan, attempts.number,
+                                          self.supervisor.standby_ready(parked_here(plan))):
+                    self.supervisor.discard_standby()  # cold on every host
             preflight(self.env, self.reporter, attempts.number)
             self.supervisor.started_warm = False
             outcome = _phase(self.reporter, "run", runner.run, plan, self.supervisor, self.env,
@@ -341,7 +345,7 @@ class AttemptLoop:
         from .supervise.standby import WarmNext
 
         return WarmNext({params.RESTART_COUNT_ENV: str(number + 1)},
-                        self.env.paths.standby_fifo, settings.warm_after_s)
+                        self.env.paths.standby_dir, settings.warm_after_s)
 
     def _conclude(self, outcome):
         """The decision on the attempt that ended with `outcome`: this
@@ -365,21 +369,6 @@ class AttemptLoop:
         if self.made is not None:
             return self.made
         return Decision.from_message(outcome.next) if outcome.next else None
-
-
-def _rejoin(env, launch_plan, attempt):
-    """Every host of a multi-host job is back before a restart starts
-    anything (cluster/rejoin.py): a host lost in the backoff is named (79)."""
-    settings = launch_plan.settings
-    hosts = list(getattr(settings, "hosts", None) or env.hosts)
-    if launch_plan.role not in ("master", "worker") or len(hosts) < 2 or \
-            env.orchestrator == "mpijob":  # its workers run the operator's sshd, not `train`
-        return
-    from .cluster import control
-    from .cluster.rejoin import rejoin
-
-    rejoin(getattr(settings, "master", None) or env.master_hostname, hosts, env.current_host,
-           control.control_port(os.environ), control.job_key_for(env), attempt)
 
 
 def _cause(verdict, supervisor):

@@ -472,6 +472,16 @@ def alive(pid):
     return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] != b"Z"
 
 
+def parent(pid):
+    """The parent of `pid`, or None where it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat[stat.rfind(b")") + 2:].split()[1])
+
+
 def ancestor_named(name, pid=None):
     """The nearest ancestor of `pid` (this process) whose comm is `name`, or None."""
     pid = os.getpid() if pid is None else pid

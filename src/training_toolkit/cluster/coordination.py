@@ -63,12 +63,14 @@ class JobMaster:
     """The master host's side."""
 
     def __init__(self, port, workers, stop_local, key, reporter, optional=(),
-                 decide_next=None):
+                 decide_next=None, alone_port=0):
         """`workers`: the hosts whose `train` the job waits for; `optional`:
         hosts whose `train` may join, or not (an MPIJob's workers, which run
         the operator's bare sshd unless given `train`), to hear the verdict.
         `decide_next`: with restarts on, the job's decision after a failed
-        attempt (Supervisor.decide_next), which the verdict carries."""
+        attempt (Supervisor.decide_next), which the verdict carries.
+        `alone_port`: with no workers, the port to take where it is free
+        (the previous attempt's, which a warm restart's launcher carries)."""
         self.decide_next = decide_next
         self.workers = list(workers)
         self.stop_local = stop_local
@@ -77,7 +79,13 @@ class JobMaster:
         self.hang = None  # the watchdog's HangVerdict, once decided
         # Alone, take any free port: two local jobs on one machine must not clash.
         alone = not self.workers and not optional
-        self.control = control.MasterControl(0 if alone else port, self.workers, key, optional)
+        try:
+            self.control = control.MasterControl(alone_port if alone else port, self.workers,
+                                                 key, optional)
+        except OSError:
+            if not (alone and alone_port):
+                raise
+            self.control = control.MasterControl(0, self.workers, key, optional)
 
     def report_address(self):
         """Where this host's ranks report: `address:port`."""

@@ -235,9 +235,10 @@ class JobPaths:
         return self._join("toolkit", "stacks")
 
     @property
-    def standby_fifo(self):
-        """Where the next attempt's standby launcher waits for its go."""
-        return self._join("toolkit", "standby.fifo")
+    def standby_dir(self):
+        """Where the next attempt's parked launch waits for its go (the
+        gate's FIFO and the parked processes' pid files)."""
+        return self._join("toolkit", "standby")
 
     @property
     def stop_file(self):

@@ -36,7 +36,7 @@ class RestartSettings:
     window_s: object          # float, or None: one budget for the whole job
     no_restart_codes: frozenset
     max_no_progress: int
-    # Seconds into an attempt when the next attempt's launcher starts to wait
+    # Seconds into an attempt when the next attempt's launch starts to wait
     # warm (supervise/standby.py); None: restarts start it cold.
     warm_after_s: object = 10.0
 
@@ -53,8 +53,9 @@ class RestartSettings:
                     self.restarts, " per %gs" % self.window_s if self.window_s else "",
                     " and ".join(sorted(self.on)), self.backoff_s, MAX_BACKOFF_S,
                     compact(self.no_restart_codes), self.max_no_progress)
-                + ("; the next attempt's launcher waits warm from %gs into an attempt"
-                   % self.warm_after_s if self.warm_after_s is not None else ""))
+                + ("; a torchrun or MPI launch waits warm for the next attempt from %gs "
+                   "into an attempt" % self.warm_after_s if self.warm_after_s is not None
+                   else ""))
 
 
 def settings_of(environ):

@@ -100,6 +100,10 @@ class MpiSettings:
         index = min(rank // self.per_host, len(self.hosts) - 1)
         return self.hosts[index]
 
+    def ranks_on(self, host):
+        """How many ranks mpirun's mapping puts on `host`."""
+        return sum(1 for rank in range(self.total) if self.rank_host(rank) == host)
+
 
 def rank_program(env, entry_point, args, prefix=(), command=None):
     """A Python program runs under `python -m mpi4py` when mpi4py is there,
@@ -194,9 +198,13 @@ def plan(env, entry_point, args, extra_env=None, options=None,
 
 def run(launch, supervisor, env, reporter):
     job = MpiJob(env, supervisor, launch.settings, launch.user_env, reporter)
+    outcome = None
     try:
         if launch.role == "master":
-            return job.run_master(launch.command)
-        return job.run_worker()
+            outcome = job.run_master(launch.command)
+        else:
+            outcome = job.run_worker()
+        return outcome
     finally:
-        job.cleanup()
+        job.cleanup(restarting=bool(outcome is not None and outcome.next
+                                    and outcome.next.get("restart")))

@@ -126,7 +126,8 @@ class MpiJob:
         self.supervisor.on_dump = lambda: master.dump_everywhere(self.dump_here)
         if workers:
             with self.reporter.span("ssh_readiness"):
-                self._wait_for_workers(workers)
+                # A warm start's daemons are up: its mpirun needs no SSH now.
+                self._wait_for_workers(workers, ssh_too=not self.supervisor.has_standby)
         else:
             with open(known_hosts_file(self.env), "w"):
                 pass
@@ -136,17 +137,37 @@ class MpiJob:
         # (LD_PRELOAD among them) reach the ranks through the env file only,
         # or, on an operator's job, through mpirun's -x.
         outcome = self.supervisor.run(command.argv, env=command.full_env() if operator else None,
-                                      cwd=command.cwd, relay_stdout=True, transform=self._tag)
+                                      cwd=command.cwd, relay_stdout=True, transform=self._tag,
+                                      standby=None if operator else self._standby_of(command))
         for (rank, stream), start in sorted(self._cut_lines.items()):  # never ended
             os.write(1 if stream == b"stdout" else 2, self._host_tag(rank, stream) + start + b"\n")
         return master.verdict(outcome, tail_of=mpirun_output.rank_lines,
                               launcher_failure=mpirun_output.first_failed(outcome.stderr_tail,
                                                                           self._rank_host))
 
-    def _wait_for_workers(self, workers):
-        """Every worker's `train` said hello and its sshd took our login,
-        both awaited at once. The SSH masters start in this (the main)
-        thread, which outlives them."""
+    def _standby_of(self, command):
+        """The standby factory of the next attempt's mpirun: the same
+        mpirun, each rank's wrapper parked at its host's gate
+        (supervise/standby.py) until that host's `train` lets it go."""
+        def make(warm, streams):
+            from ..supervise.standby import Standby
+
+            gate = self.supervisor.host_gate(warm.directory)
+            planned = list(command.argv)
+            at = planned.index(self._env_file_option[0])
+            argv = planned[:at] + ["--standby", warm.directory] + planned[at:]
+            env = dict(os.environ)
+            return Standby(argv, env, command.cwd, streams, (command.argv, env), gate)
+        return make
+
+    @property
+    def _env_file_option(self):
+        return ["--env-file", env_file(self.env)]
+
+    def _wait_for_workers(self, workers, ssh_too=True):
+        """Every worker's `train` said hello and (`ssh_too`) its sshd took
+        our login, both awaited at once. The SSH masters start in this (the
+        main) thread, which outlives them."""
         errors = []
 
         def await_hellos():
@@ -157,10 +178,11 @@ class MpiJob:
 
         waiter = threading.Thread(target=await_hellos, daemon=True)
         waiter.start()
-        self.ssh_masters = ssh.MasterConnections(self.supervisor, known_hosts_file(self.env),
-                                                 ssh_control_dir(self.env))
         try:
-            self.ssh_masters.open(workers, self.deadline)
+            if ssh_too:
+                self.ssh_masters = ssh.MasterConnections(
+                    self.supervisor, known_hosts_file(self.env), ssh_control_dir(self.env))
+                self.ssh_masters.open(workers, self.deadline)
         finally:
             waiter.join()
         if errors:
@@ -204,6 +226,7 @@ class MpiJob:
         operator = operator_launched(self.env)
         if not operator:
             self._write_rank_env("%s:%d" % (self.settings.master, self.settings.control_port))
+            self._go_parked()
 
         def start_sshd():
             self.sshd_pid = ssh.start_sshd(self.supervisor,
@@ -227,6 +250,20 @@ class MpiJob:
             return worker.outcome(self.supervisor.terminating)
         finally:
             backoff.wait_until(lambda: not self._alive_local_ranks(), 2.0)
+
+    def _go_parked(self):
+        """A warm start: this host's ranks of the standby launch go on, now
+        that their environment is written (before the hello, so the master
+        cannot start a next standby meanwhile). Then, where another attempt
+        may follow, the gate its standby's ranks will park at."""
+        gate = self.supervisor.gate
+        parked = gate.parked() if gate is not None else ()
+        if parked:
+            gate.go(len(parked))
+            self.supervisor.started_warm = True
+        warm = self.supervisor.warm_next
+        if warm is not None:
+            self.supervisor.host_gate(warm.directory)
 
     # -- local ranks (any host) ------------------------------------------------
     def _local_rank_pids(self):
@@ -257,9 +294,11 @@ class MpiJob:
         proctree.reap_leftovers(self.supervisor.services | ({running.pid} if running else set()))
         return [pid for pid in self._local_rank_pids() if proctree.alive(pid)]
 
-    def cleanup(self):
+    def cleanup(self, restarting=False):
         """No rank, orted session or sshd of this job outlives `train`, and
-        the ranks' environment file (it may hold credentials) is removed."""
+        the ranks' environment file (it may hold credentials) is removed.
+        `restarting`: the next attempt follows, and the ranks parked for it
+        at this host's gate stay, with their daemon."""
         try:
             os.unlink(env_file(self.env))
         except FileNotFoundError:
@@ -278,10 +317,16 @@ class MpiJob:
                 os.waitpid(self.sshd_pid, 0)
             except ChildProcessError:
                 pass
-            self._end_daemons()
+            self._end_daemons(self._standby_daemons() if restarting else ())
         self.supervisor.on_terminate = self.supervisor.on_dump = None
 
-    def _end_daemons(self):
+    def _standby_daemons(self):
+        """The orted of the next attempt's standby launch here: the parent
+        of the ranks parked at this host's gate."""
+        gate = self.supervisor.gate
+        return {proctree.parent(pid) for pid in gate.parked()} - {None} if gate else set()
+
+    def _end_daemons(self, spared=()):
         """OpenMPI's orted daemonizes on a worker and, since `train` is a
         subreaper, becomes our child. The job is over and its ranks are gone:
         give it a moment to leave by itself (it does at once when its mpirun
@@ -290,7 +335,8 @@ class MpiJob:
         restart would wait out."""
         def leftovers():
             proctree.reap_leftovers()
-            return [pid for pid in proctree.descendants(os.getpid()) if proctree.alive(pid)]
+            return [pid for pid in proctree.descendants(os.getpid(), spared)
+                    if proctree.alive(pid)]
 
         for sig, wait in ((None, 0.05), (signal.SIGKILL, 1.0)):
             if sig is not None:

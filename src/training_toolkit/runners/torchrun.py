@@ -26,6 +26,7 @@ from ..cluster.coordination import JobMaster, JobWorker
 from ..errors import ConfigError, MissingProgramError
 from ..job import resources
 from ..resilience import hang
+from ..supervise.standby import launcher_standby
 from .plan import Command, LaunchPlan, PYTHON_PACKAGE, base_env, program_cwd, user_program
 
 NAME = "torchrun"
@@ -66,6 +67,7 @@ class TorchrunSettings:
         instance_type = fp.get(params.INSTANCE_TYPE) or env.current_instance_type
         self.network_env = network_env(instance_type, env.network_interface_name)
         self.neuron_parallel_compile = os.environ.get(NEURON_PARALLEL_COMPILE_ENV) == "1"
+        self.alone_port = 0  # a single host's control port, kept across attempts
 
     @property
     def world_size(self):
@@ -148,7 +150,9 @@ def run(launch, supervisor, env, reporter):
             check_port_free(settings.port, env)
         coordinator = JobMaster(settings.control_port, workers, local,
                                 control.job_key_for(env), reporter,
-                                decide_next=supervisor.decide_next)
+                                decide_next=supervisor.decide_next,
+                                alone_port=settings.alone_port)
+        settings.alone_port = coordinator.control.port  # for a restart's standby (its env)
         launch.command.env[rank_wrapper.CONTROL_ENV] = coordinator.report_address()
         if hangs is not None:
             coordinator.watch_hangs(hangs, dump_here)
@@ -206,5 +210,7 @@ def stopped_is_sigterm(outcome):
 def run_command(supervisor, command, settings):
     # The launcher can wait warm for a restart (supervise/standby.py), unless
     # the Neuron precompiler runs it.
-    return supervisor.run(command.argv, env=command.full_env(), cwd=command.cwd,
-                          standby=not settings.neuron_parallel_compile)
+    env = command.full_env()
+    standby = None if settings.neuron_parallel_compile else launcher_standby(
+        command.argv, env, command.cwd)
+    return supervisor.run(command.argv, env=env, cwd=command.cwd, standby=standby)

@@ -18,12 +18,10 @@ runs torch.distributed.run's own `main` with ARGS, and differs from
   SystemExit code, or 1 after printing the traceback.
 
 Started as the standby of a restart's attempt (STANDBY_ENV names a FIFO;
-training_toolkit/supervise/standby.py), the script waits STANDBY_AFTER_ENV
-seconds, so as not to slow the running attempt's own start, then imports
-torch at idle CPU priority (where it holds CAP_SYS_NICE to come back from
-it), and waits for the go (one byte on the FIFO) before it goes on as above;
-a go during the wait starts the import at once, and the FIFO's end without a
-go ends the script.
+training_toolkit/supervise/standby.py), the script imports torch at idle CPU
+priority (where it holds CAP_SYS_NICE to come back from it), then waits for
+the go (one byte on the FIFO) before it goes on as above; the FIFO's end
+without a go ends the script.
 
 And SIGUSR1 and SIGUSR2 ("checkpoint now", which `train` passes on) go to
 the agent's workers, the ranks, instead of ending the agent as they would.
@@ -40,7 +38,6 @@ second notice is torch's. With restarts torch's handler stays, so that the
 agent does not restart the workers that a stop ended.
 """
 import os
-import select
 import signal
 import socket
 import sys
@@ -49,7 +46,6 @@ import time
 STORE_WAIT_S = 600
 # training_toolkit.supervise.standby's, which this file cannot import.
 STANDBY_ENV = "TRAINING_TOOLKIT_STANDBY_FIFO"
-STANDBY_AFTER_ENV = "TRAINING_TOOLKIT_STANDBY_AFTER_S"
 GO = b"g"
 CAP_SYS_NICE = 23
 
@@ -165,11 +161,9 @@ def await_go(fd, parked):
 
 def main(argv):
     fifo, go_fd, parked = os.environ.pop(STANDBY_ENV, None), None, False
-    wait_s = float(os.environ.pop(STANDBY_AFTER_ENV, "") or 0)
     if fifo is not None:
         go_fd = os.open(fifo, os.O_RDONLY | os.O_CLOEXEC)  # `train` holds it open: no block
-        if not select.select([go_fd], [], [], wait_s)[0]:  # no go (nor end) meanwhile
-            parked = park()
+        parked = park()
     for signum in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(signum, forward_to_children)
     # Run as a script, this file's directory (the toolkit's own modules)

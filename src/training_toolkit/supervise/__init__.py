@@ -136,6 +136,8 @@ class Supervisor:
         # will differ in (standby.WarmNext), so a standby of it can be made.
         self.warm_next = None
         self._standby = None
+        self.gate = None  # standby.Gate of this host, where others' launches park
+        self._standby_due = None  # (factory, streams) of the standby wait() starts
         self.started_warm = False  # a start adopted a standby (reset by its caller)
         self.on_terminate = None
         # Set by the runner: writes every rank's stack, the job going on (SIGQUIT).
@@ -148,16 +150,16 @@ class Supervisor:
         return self.wait()
 
     def start(self, argv, env=None, cwd=None, relay_stdout=False, relay_stderr=True,
-              transform=None, line_at_a_time=False, tag=None, watch=None, standby=False):
+              transform=None, line_at_a_time=False, tag=None, watch=None, standby=None):
         """Start `argv` in its own session. stdout is inherited (no copy at
         all) unless `relay_stdout`; stderr is relayed and its tail kept.
         Relayed output is written in whole lines, optionally rewritten by
         `transform`, optionally one line per write, each prefixed with
         `tag[fd]` (a rank's host and number). `watch` (the hang watchdog's
-        RankWatch) sees what is relayed. `standby`: the program knows the
-        standby protocol (supervise/standby.py), so this start may adopt a
-        standby, and one is started for the next attempt where `warm_next`
-        says one may follow."""
+        RankWatch) sees what is relayed. The start adopts the standby made
+        for it, if one waits (supervise/standby.py); `standby(warm_next,
+        streams)` makes one for the next attempt, where `warm_next` says one
+        may follow."""
         if self.terminating:
             raise Terminated(signal.SIGTERM)
         env = dict(os.environ if env is None else env)
@@ -166,7 +168,7 @@ class Supervisor:
         waiting, self._standby = self._standby, None
         if waiting is not None:
             self.services.discard(waiting.proc.pid)
-            if not (standby and waiting.fits(argv, env, cwd, streams)):
+            if not waiting.fits(argv, env, cwd, streams):
                 waiting.discard()
                 waiting = None
         # Children we already had (a framework's own helpers, sshd) are not
@@ -189,8 +191,10 @@ class Supervisor:
             self._relays[name] = relay
         if self.terminating:  # a stop request came while it was starting
             self.stop(signal.SIGTERM, self.stop_window())
-        elif standby and self.warm_next is not None:
-            self._start_standby(argv, env, cwd, streams)
+        elif standby is not None and self.warm_next is not None:
+            # Started in wait(), from this (the main) thread, once the
+            # command has run for warm_next.after_s.
+            self._standby_due = (standby, streams, self.warm_next.after_s)
         return self.proc
 
     def _spawn(self, argv, env, cwd, streams):
@@ -215,15 +219,11 @@ class Supervisor:
                 os.close(write_end)
         return proc, {name: read_end for name, (read_end, _) in pipes.items()}
 
-    def _start_standby(self, argv, env, cwd, streams):
-        """The next attempt's launcher, parked (supervise/standby.py); none
+    def _start_standby(self, make, streams):
+        """The next attempt's launch, parked (supervise/standby.py); none
         where it cannot start: the next attempt then starts cold."""
-        from .standby import Standby
-
-        warm = self.warm_next
         try:
-            self._standby = Standby(argv, dict(env, **warm.changes), cwd, streams, warm.fifo,
-                                    warm.after_s)
+            self._standby = make(self.warm_next, streams)
         except OSError as e:
             from .. import log
 
@@ -232,15 +232,49 @@ class Supervisor:
         self.services.add(self._standby.proc.pid)
         self._not_ours.add(self._standby.proc.pid)
 
+    @property
+    def has_standby(self):
+        """A standby waits for the next start to adopt it."""
+        return self._standby is not None
+
+    def host_gate(self, directory):
+        """The gate of this host's standby dir, which processes that other
+        launchers start here park at (MPI ranks); made on first use."""
+        if self.gate is None:
+            from .standby import Gate
+
+            self.gate = Gate(directory)
+        return self.gate
+
+    def standby_ready(self, parked):
+        """Whether the next attempt can start warm here: the standby this
+        host started is still parked, and `parked` processes wait at its
+        gate (MPI's ranks of this host; 0: none are expected)."""
+        if self._standby is not None and self._standby.proc.poll() is not None:
+            return False
+        if not parked:
+            return self._standby is not None
+        return self.gate is not None and len(self.gate.parked()) == parked
+
     def discard_standby(self):
-        """Kill the standby, if any: no attempt will adopt it."""
+        """Kill the standby, if any, and close the gate: no attempt will
+        adopt them. What parked at the gate ends with it."""
         waiting, self._standby = self._standby, None
         if waiting is not None:
             self.services.discard(waiting.proc.pid)
             waiting.discard()
+        if self.gate is not None:
+            self.gate.close()
+            self.gate = None
 
     def wait(self):
         proc = self.proc
+        if self._standby_due is not None:
+            make, streams, after_s = self._standby_due
+            self._standby_due = None
+            if not _exits_within(proc, after_s) and not self.terminating \
+                    and self.warm_next is not None:
+                self._start_standby(make, streams)
         returncode = proc.wait()
         self._end_leftovers(proc.pid)
         for relay in self._relays.values():
@@ -380,6 +414,20 @@ class Supervisor:
 
         # A later stop may bring the SIGKILL forward.
         backoff.wait_until(lambda: not killer.seconds_left() or not holders(), left)
+
+
+def _exits_within(proc, seconds):
+    """Whether `proc` ends within `seconds` (not reaped: wait() does)."""
+    import select
+
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # no pidfd (Linux before 5.3)
+        return backoff.wait_until(lambda: not proctree.alive(proc.pid), seconds)
+    try:
+        return bool(select.select([fd], [], [], seconds)[0])
+    finally:
+        os.close(fd)
 
 
 class Terminated(Exception):

@@ -1,19 +1,30 @@
-"""A warm standby of the next attempt's launcher, for restarts in place.
+"""Warm standbys of the next attempt's launch, for restarts in place.
 
-Starting torchrun again costs its agent about 1.5 s of importing torch on
-every host before it does anything; a restart that waits for it costs about
-what a cold start does. So while an attempt runs, and another may follow,
-`train` starts the launcher of the next attempt ahead: the same argv and
-working directory, the next attempt's environment, and STANDBY_ENV naming a
-FIFO. The launcher (runners/torchrun_launcher.py, the one program that knows
-this protocol) waits a while first (`after_s`: the attempt's own start,
-whose imports it would slow even at idle priority, goes first), imports
-what it needs, at idle CPU priority where it may return from it, and blocks
-on the FIFO. The next attempt adopts it when its
-command is exactly the one the standby was started for, and writes the go;
-anything else gets a fresh start, and the standby is killed. A standby
-prints nothing before its go; what its output pipes hold then is relayed
-with the attempt's.
+Starting a launch again costs what a cold start costs: torchrun's agent
+imports torch (about 1.5 s) on every host, mpirun starts its daemons over
+SSH and its ranks' interpreters. So once an attempt has run for a while
+(WarmNext.after_s: its own start, whose imports the standby's would slow
+even at idle priority, goes first), and another attempt may follow,
+`train` starts the next attempt's launch ahead, parked before anything of
+the job's runs, and the restart releases it.
+
+* A Gate is a FIFO in the host's standby dir (job/paths.py), which `train`
+  holds open for reading and writing: a parked process opens it without
+  blocking, writes its pid file beside it, and reads one byte. `go(n)`
+  writes n bytes: n parked processes go on. Closing it without a go ends
+  them.
+* A Standby is a parked process that `train` started itself, with its output
+  pipes, and the command (argv, environment, working directory, streams) it
+  stands in for: the next attempt's start adopts it when that start's
+  command is exactly the one, and lets its gate go; anything else gets a
+  fresh start, and the standby is killed.
+
+Two launches park: torchrun's launcher (runners/torchrun_launcher.py, told by
+STANDBY_ENV) imports torch, then waits; under MPI, the next attempt's
+mpirun starts its daemons and ranks at once, and each rank's wrapper
+(cluster/rank.py `--standby`) waits, before it reads its host's environment,
+on the gate of its own host, which that host's `train` lets go when the
+master says the restart goes warm (cluster/rejoin.py).
 """
 import os
 import signal
@@ -22,47 +33,102 @@ from .. import proctree
 from .relay import _relay_pipe
 
 STANDBY_ENV = "TRAINING_TOOLKIT_STANDBY_FIFO"
-STANDBY_AFTER_ENV = "TRAINING_TOOLKIT_STANDBY_AFTER_S"
 GO = b"g"
+FIFO_NAME = "go"
 
 
 class WarmNext:
-    """What the runner's next start will differ in: `changes` to its
-    environment (the next attempt's number); the FIFO of its standby, and
-    how long after its start the standby waits before it warms up."""
+    """What the next attempt's start will differ in: `changes` to the
+    launcher's environment (the attempt's number); the host's standby
+    dir; how long after the attempt's start its standby starts (its
+    imports would slow the attempt's own start, even at idle priority)."""
 
-    def __init__(self, changes, fifo, after_s):
+    def __init__(self, changes, directory, after_s):
         self.changes = dict(changes)
-        self.fifo = fifo
+        self.directory = directory
         self.after_s = after_s
+
+
+class Gate:
+    """The FIFO that processes parked in `directory` wait on."""
+
+    def __init__(self, directory):
+        self.directory = directory
+        self.fifo = os.path.join(directory, FIFO_NAME)
+        os.makedirs(directory, exist_ok=True)
+        for name in os.listdir(directory):  # an earlier train's
+            os.unlink(os.path.join(directory, name))
+        os.mkfifo(self.fifo, 0o600)
+        # Read and write: a parked process's open never blocks, and its read
+        # waits for the go, or for the end once this is closed.
+        self._fd = os.open(self.fifo, os.O_RDWR | os.O_CLOEXEC)
+
+    def parked(self):
+        """The pids of the live processes parked here."""
+        pids = []
+        for name in os.listdir(self.directory):
+            if name.endswith(".pid"):
+                try:
+                    with open(os.path.join(self.directory, name)) as f:
+                        pid = int(f.read().split()[0])
+                except (OSError, ValueError, IndexError):
+                    continue
+                if proctree.alive(pid):
+                    pids.append(pid)
+        return pids
+
+    def go(self, count):
+        os.write(self._fd, GO * count)
+
+    def close(self):
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        try:
+            os.unlink(self.fifo)
+        except FileNotFoundError:
+            pass
+
+
+def park_here(directory, name):
+    """In a parked process: its pid file, then the wait on the gate. Whether
+    it goes on (False: no gate, or the gate closed without a go)."""
+    pid_file = os.path.join(directory, "%s.pid" % name)
+    try:
+        fd = os.open(os.path.join(directory, FIFO_NAME), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        with open(pid_file, "w") as f:
+            f.write("%d\n" % os.getpid())
+        return os.read(fd, 1) == GO
+    finally:
+        os.close(fd)
+        try:
+            os.unlink(pid_file)
+        except OSError:
+            pass
 
 
 class Standby:
     """The parked process of `argv` in `cwd`, with `env`, and its output
-    pipes (read end, write end) for the streams to relay."""
+    pipes (read end, write end) for `streams`. `key`: the (argv, env) of
+    the start it stands in for; `gate` and `readers`: what its go lets go
+    (`readers` None: every process parked there); `own_gate`: the gate is
+    this standby's alone, closed with it."""
 
-    def __init__(self, argv, env, cwd, streams, fifo, after_s=0.0):
-        self.key = (list(argv), dict(env), cwd, tuple(sorted(streams)))
-        self.fifo = fifo
+    def __init__(self, argv, env, cwd, streams, key, gate, readers=None, own_gate=False):
+        self.key = (list(key[0]), dict(key[1]), cwd, tuple(sorted(streams)))
+        self.gate, self.readers, self.own_gate = gate, readers, own_gate
         self.pipes = pipes = {}
-        self._fd = None
         self.proc = None  # an error below propagates, with nothing left open
         try:
-            os.unlink(fifo)
-        except FileNotFoundError:
-            pass
-        os.mkfifo(fifo, 0o600)
-        try:
-            # Held open for reading and writing, so the standby's own open
-            # never blocks, and its read waits for the go.
-            self._fd = os.open(fifo, os.O_RDWR | os.O_CLOEXEC)
             self.pipes = pipes = {name: _relay_pipe() for name in streams}
-            marked = dict(env, **{STANDBY_ENV: fifo, STANDBY_AFTER_ENV: "%g" % after_s})
-            self.proc = proctree.Process(argv, env=marked, cwd=cwd,
+            self.proc = proctree.Process(argv, env=env, cwd=cwd,
                                          stdout=self._write_end("stdout"),
                                          stderr=self._write_end("stderr"))
         except BaseException:
-            self.discard()  # the read ends and the FIFO
+            self.discard()  # the read ends, and an own gate
             raise
         finally:
             for _, write_end in pipes.values():
@@ -84,33 +150,40 @@ class Standby:
                 os.sched_setscheduler(task, os.SCHED_OTHER, os.sched_param(0))
             except OSError:
                 pass  # not idle, or not ours to raise: the launcher tries itself
-        os.write(self._fd, GO)
-        self._close_fifo()
+        self.gate.go(self.readers if self.readers is not None else len(self.gate.parked()))
+        if self.own_gate:
+            self.gate.close()
         read_ends = {name: read_end for name, (read_end, _) in self.pipes.items()}
         self.pipes = {}
         return self.proc, read_ends
 
     def discard(self):
-        """Kill the standby (it never ran anything of the job's)."""
+        """Kill the standby and what it started (nothing of the job's ran)."""
         if self.proc is not None and self.proc.returncode is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
+            proctree.kill_tree(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
         for read_end, _ in self.pipes.values():
             os.close(read_end)
         self.pipes = {}
-        self._close_fifo()
+        if self.own_gate:
+            self.gate.close()
 
-    def _close_fifo(self):
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+
+def launcher_standby(argv, env, cwd):
+    """The standby factory of a launcher that reads STANDBY_ENV (torchrun's):
+    the same command in the next attempt's environment, with a gate of its
+    own in the standby dir."""
+    def make(warm, streams):
+        next_env = dict(env, **warm.changes)
+        gate = Gate(warm.directory)
+        marked = dict(next_env, **{STANDBY_ENV: gate.fifo})
         try:
-            os.unlink(self.fifo)
-        except FileNotFoundError:
-            pass
+            return Standby(argv, marked, cwd, streams, (argv, next_env), gate, readers=1,
+                           own_gate=True)
+        except BaseException:
+            gate.close()
+            raise
+    return make
 
 
 def _tasks(pid):
