@@ -317,7 +317,10 @@ class MpiJob:
                 os.waitpid(self.sshd_pid, 0)
             except ChildProcessError:
                 pass
-            self._end_daemons(self._standby_daemons() if restarting else ())
+            if restarting:  # after an abort: its orted would not leave in time by itself
+                self._end_daemons(self._standby_daemons(), patience_s=0.0)
+            else:
+                self._end_daemons()
         self.supervisor.on_terminate = self.supervisor.on_dump = None
 
     def _standby_daemons(self):
@@ -326,19 +329,20 @@ class MpiJob:
         gate = self.supervisor.gate
         return {proctree.parent(pid) for pid in gate.parked()} - {None} if gate else set()
 
-    def _end_daemons(self, spared=()):
+    def _end_daemons(self, spared=(), patience_s=0.05):
         """OpenMPI's orted daemonizes on a worker and, since `train` is a
-        subreaper, becomes our child. The job is over and its ranks are gone:
-        give it a moment to leave by itself (it does at once when its mpirun
-        ended normally), then SIGKILL. It takes no SIGTERM, and after a
-        killed mpirun (an abort) it notices only 0.1-0.2 s later, which a
-        restart would wait out."""
+        subreaper, becomes our child. The attempt is over and its ranks are
+        gone: it gets `patience_s` to leave by itself (it does at once when
+        its mpirun ended normally), then SIGKILL; it takes no SIGTERM. A
+        restart follows an abort, after which it would notice its killed
+        mpirun only 0.1-0.2 s later: it gets no patience then. `spared`:
+        the next attempt's standby daemon, and what it started."""
         def leftovers():
             proctree.reap_leftovers()
             return [pid for pid in proctree.descendants(os.getpid(), spared)
                     if proctree.alive(pid)]
 
-        for sig, wait in ((None, 0.05), (signal.SIGKILL, 1.0)):
+        for sig, wait in ((None, patience_s), (signal.SIGKILL, 1.0)):
             if sig is not None:
                 for pid in leftovers():
                     proctree.kill_tree(pid, sig)
