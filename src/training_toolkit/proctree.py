@@ -10,7 +10,7 @@ handles it is trusted with its own children (DataLoader workers, helpers),
 which it may still need while it saves its state (notice_targets). What the
 notice left out gets the signal later, from the Supervisor.
 
-One concern in about 530 lines: starting a process so that it can be ended
+One concern in about 545 lines: starting a process so that it can be ended
 (its session, its parent-death signal) and ending its tree are the two halves
 of that one promise, and each trivial job imports this one module of the base
 layer on its path (test/test_import_budget.py), not two."""

@@ -13,6 +13,10 @@ PNG goes through cairosvg when it is installed.
 All times are the hosts' wall clocks (status.json's `time.time()`): hosts
 with skewed clocks are drawn skewed.
 
+About 490 lines in one module: reading, layout and drawing are the three
+steps of one picture, each written for the next (the layout's Rows and
+Attempts are what render_svg draws, and nothing else reads them).
+
 The status files and the attempt records are read and checked by
 jobstatus.py; here they become one picture: the layout and the hand-written
 SVG read best side by side, hence one module past 450 lines.

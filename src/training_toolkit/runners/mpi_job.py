@@ -149,20 +149,15 @@ class MpiJob:
         """The standby factory of the next attempt's mpirun: the same
         mpirun, each rank's wrapper parked at its host's gate
         (supervise/standby.py) until that host's `train` lets it go."""
-        def make(warm, streams):
+        def make(warm, streams, gate):
             from ..supervise.standby import Standby
 
-            gate = self.supervisor.host_gate(warm.directory)
             planned = list(command.argv)
-            at = planned.index(self._env_file_option[0])
+            at = planned.index("--env-file")  # the wrapper's first option (mpi.mpirun_argv)
             argv = planned[:at] + ["--standby", warm.directory] + planned[at:]
             env = dict(os.environ)
             return Standby(argv, env, command.cwd, streams, (command.argv, env), gate)
         return make
-
-    @property
-    def _env_file_option(self):
-        return ["--env-file", env_file(self.env)]
 
     def _wait_for_workers(self, workers, ssh_too=True):
         """Every worker's `train` said hello and (`ssh_too`) its sshd took

@@ -181,7 +181,15 @@ class Supervisor:
             self._not_ours.discard(self.proc.pid)
             self.started_warm = True
         else:
-            self.proc, read_ends = self._spawn(argv, env, cwd, streams)
+            self._starting = True
+            try:
+                self.proc, read_ends = spawn_piped(argv, env, cwd, streams)
+            except proctree.StartError as e:
+                from ..errors import MissingProgramError
+
+                raise MissingProgramError(e.strerror) from None
+            finally:
+                self._starting = False
         self._relays = {}
         for name, read_end in read_ends.items():
             out_fd = 1 if name == "stdout" else 2
@@ -197,33 +205,12 @@ class Supervisor:
             self._standby_due = (standby, streams, self.warm_next.after_s)
         return self.proc
 
-    def _spawn(self, argv, env, cwd, streams):
-        """(the Process of `argv`, {stream: our read end of its pipe})."""
-        pipes = {name: _relay_pipe() for name in streams}
-        self._starting = True
-        try:
-            proc = proctree.Process(argv, env=env, cwd=cwd,
-                                    stdout=pipes["stdout"][1] if "stdout" in pipes else None,
-                                    stderr=pipes["stderr"][1] if "stderr" in pipes else None)
-        except OSError as e:
-            for read_end, _ in pipes.values():
-                os.close(read_end)
-            if not isinstance(e, proctree.StartError):
-                raise  # fork itself failed: not the program's fault
-            from ..errors import MissingProgramError
-
-            raise MissingProgramError(e.strerror) from None
-        finally:
-            self._starting = False
-            for _, write_end in pipes.values():
-                os.close(write_end)
-        return proc, {name: read_end for name, (read_end, _) in pipes.items()}
-
     def _start_standby(self, make, streams):
         """The next attempt's launch, parked (supervise/standby.py); none
         where it cannot start: the next attempt then starts cold."""
         try:
-            self._standby = make(self.warm_next, streams)
+            self._standby = make(self.warm_next, streams,
+                                 self.host_gate(self.warm_next.directory))
         except OSError as e:
             from .. import log
 
@@ -238,8 +225,9 @@ class Supervisor:
         return self._standby is not None
 
     def host_gate(self, directory):
-        """The gate of this host's standby dir, which processes that other
-        launchers start here park at (MPI ranks); made on first use."""
+        """The gate of this host's standby dir, where the next attempt's
+        launch parks (a launcher, or the ranks another host's mpirun starts
+        here); made on first use, kept to the job's end."""
         if self.gate is None:
             from .standby import Gate
 
@@ -414,6 +402,24 @@ class Supervisor:
 
         # A later stop may bring the SIGKILL forward.
         backoff.wait_until(lambda: not killer.seconds_left() or not holders(), left)
+
+
+def spawn_piped(argv, env, cwd, streams):
+    """(the Process of `argv`, {stream: our read end of its pipe}) for the
+    `streams` ("stdout", "stderr") to relay; the others are inherited."""
+    pipes = {name: _relay_pipe() for name in streams}
+    try:
+        proc = proctree.Process(argv, env=env, cwd=cwd,
+                                stdout=pipes["stdout"][1] if "stdout" in pipes else None,
+                                stderr=pipes["stderr"][1] if "stderr" in pipes else None)
+    except BaseException:
+        for read_end, _ in pipes.values():
+            os.close(read_end)
+        raise
+    finally:
+        for _, write_end in pipes.values():
+            os.close(write_end)
+    return proc, {name: read_end for name, (read_end, _) in pipes.items()}
 
 
 def _exits_within(proc, seconds):

@@ -9,10 +9,11 @@ even at idle priority, goes first), and another attempt may follow,
 the job's runs, and the restart releases it.
 
 * A Gate is a FIFO in the host's standby dir (job/paths.py), which `train`
-  holds open for reading and writing: a parked process opens it without
-  blocking, writes its pid file beside it, and reads one byte. `go(n)`
-  writes n bytes: n parked processes go on. Closing it without a go ends
-  them.
+  holds open for reading and writing from the first standby to the job's
+  end: a parked process opens it without blocking, writes its pid file
+  beside it (an MPI rank's wrapper), and reads one byte. `go(n)` writes n
+  bytes: n parked processes go on, even one that opens the FIFO only after
+  the go. Closing it without a go ends them.
 * A Standby is a parked process that `train` started itself, with its output
   pipes, and the command (argv, environment, working directory, streams) it
   stands in for: the next attempt's start adopts it when that start's
@@ -30,7 +31,6 @@ import os
 import signal
 
 from .. import proctree
-from .relay import _relay_pipe
 
 STANDBY_ENV = "TRAINING_TOOLKIT_STANDBY_FIFO"
 GO = b"g"
@@ -111,31 +111,17 @@ def park_here(directory, name):
 
 
 class Standby:
-    """The parked process of `argv` in `cwd`, with `env`, and its output
-    pipes (read end, write end) for `streams`. `key`: the (argv, env) of
-    the start it stands in for; `gate` and `readers`: what its go lets go
-    (`readers` None: every process parked there); `own_gate`: the gate is
-    this standby's alone, closed with it."""
+    """The parked process of `argv` in `cwd`, with `env`, and our read ends
+    of its output pipes for `streams`. `key`: the (argv, env) of the start
+    it stands in for; `gate` and `readers`: what its go lets go (`readers`
+    None: every process parked there)."""
 
-    def __init__(self, argv, env, cwd, streams, key, gate, readers=None, own_gate=False):
+    def __init__(self, argv, env, cwd, streams, key, gate, readers=None):
+        from . import spawn_piped
+
         self.key = (list(key[0]), dict(key[1]), cwd, tuple(sorted(streams)))
-        self.gate, self.readers, self.own_gate = gate, readers, own_gate
-        self.pipes = pipes = {}
-        self.proc = None  # an error below propagates, with nothing left open
-        try:
-            self.pipes = pipes = {name: _relay_pipe() for name in streams}
-            self.proc = proctree.Process(argv, env=env, cwd=cwd,
-                                         stdout=self._write_end("stdout"),
-                                         stderr=self._write_end("stderr"))
-        except BaseException:
-            self.discard()  # the read ends, and an own gate
-            raise
-        finally:
-            for _, write_end in pipes.values():
-                os.close(write_end)
-
-    def _write_end(self, name):
-        return self.pipes[name][1] if name in self.pipes else None
+        self.gate, self.readers = gate, readers
+        self.proc, self.read_ends = spawn_piped(argv, env, cwd, streams)
 
     def fits(self, argv, env, cwd, streams):
         """Whether the standby is the command asked for, and still parked."""
@@ -151,38 +137,26 @@ class Standby:
             except OSError:
                 pass  # not idle, or not ours to raise: the launcher tries itself
         self.gate.go(self.readers if self.readers is not None else len(self.gate.parked()))
-        if self.own_gate:
-            self.gate.close()
-        read_ends = {name: read_end for name, (read_end, _) in self.pipes.items()}
-        self.pipes = {}
+        read_ends, self.read_ends = self.read_ends, {}
         return self.proc, read_ends
 
     def discard(self):
         """Kill the standby and what it started (nothing of the job's ran)."""
-        if self.proc is not None and self.proc.returncode is None:
+        if self.proc.returncode is None:
             proctree.kill_tree(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-        for read_end, _ in self.pipes.values():
+        for read_end in self.read_ends.values():
             os.close(read_end)
-        self.pipes = {}
-        if self.own_gate:
-            self.gate.close()
+        self.read_ends = {}
 
 
 def launcher_standby(argv, env, cwd):
     """The standby factory of a launcher that reads STANDBY_ENV (torchrun's):
-    the same command in the next attempt's environment, with a gate of its
-    own in the standby dir."""
-    def make(warm, streams):
+    the same command in the next attempt's environment, parked at the gate."""
+    def make(warm, streams, gate):
         next_env = dict(env, **warm.changes)
-        gate = Gate(warm.directory)
-        marked = dict(next_env, **{STANDBY_ENV: gate.fifo})
-        try:
-            return Standby(argv, marked, cwd, streams, (argv, next_env), gate, readers=1,
-                           own_gate=True)
-        except BaseException:
-            gate.close()
-            raise
+        return Standby(argv, dict(next_env, **{STANDBY_ENV: gate.fifo}), cwd, streams,
+                       (argv, next_env), gate, readers=1)
     return make
 
 
