@@ -82,8 +82,10 @@ def s3_body(rel):
         return None
 
 def s3_keys(under=""):
+    """The checkpoint's objects (not the job's commit records)."""
     page = s3().list_objects_v2(Bucket=INFO["bucket"], Prefix=INFO["prefix"] + under)
-    return sorted(o["Key"][len(INFO["prefix"]):] for o in page.get("Contents", ()))
+    return sorted(o["Key"][len(INFO["prefix"]):] for o in page.get("Contents", ())
+                  if not o["Key"][len(INFO["prefix"]):].startswith(".training-toolkit/"))
 
 def until(check, timeout=60):
     deadline = time.monotonic() + timeout
@@ -154,15 +156,27 @@ def ckpt_job(root, script, bucket, endpoint, prefix="ckpt", train_endpoint=None,
     return job, environ
 
 
-def objects(endpoint, bucket, prefix="ckpt/"):
-    """{relative key: bytes} of every object under the prefix."""
+RECORDS = ".training-toolkit/"
+
+
+def objects(endpoint, bucket, prefix="ckpt/", records=False):
+    """{relative key: bytes} of every object under the prefix; the job's
+    commit and part records (under .training-toolkit/) only with `records`."""
     client = s3_client(endpoint)
     found = {}
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", ()):
-            found[obj["Key"][len(prefix):]] = client.get_object(
-                Bucket=bucket, Key=obj["Key"])["Body"].read()
+            rel = obj["Key"][len(prefix):]
+            if records or not rel.startswith(RECORDS):
+                found[rel] = client.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()
     return found
+
+
+def committed(endpoint, bucket, prefix="ckpt/"):
+    """{unit: its commit record} of the commit records under the prefix."""
+    return {rel[len(RECORDS + "commits/"):-len(".json")]: json.loads(body)
+            for rel, body in objects(endpoint, bucket, prefix, records=True).items()
+            if rel.startswith(RECORDS + "commits/")}
 
 
 def versioned(endpoint, bucket):
@@ -497,37 +511,42 @@ note("step-4", until(lambda: in_s3(4) is not None) and in_s3(4))
 """
 
 
-def test_a_restart_on_a_fresh_tree_resumes_from_the_complete_steps(tmp_path, s3_server, bucket):
+def test_a_restart_on_a_fresh_tree_resumes_from_the_newest_committed_step(tmp_path, s3_server,
+                                                                         bucket):
     versioned(s3_server, bucket)
     three_steps_then_die(tmp_path / "first", bucket, s3_server)
     before = puts(s3_server, bucket)
+    assert sorted(committed(s3_server, bucket)) == ["step-1", "step-2", "step-3"]
     job, env = ckpt_job(tmp_path / "second", RESUME, bucket, s3_server)
     r = run(job, env)
-    restored = {**step_files(1), **step_files(2), **step_files(3)}
+    restored = step_files(3)
     found = {rel: bytes.fromhex(h) for rel, h in note(job, "found").items()}
     assert sorted(found) == sorted(restored), (
-        "before the user's code, the dir must hold steps 1-3 and nothing of step-4",
-        sorted(found), r.stderr.decode()[-3000:])
+        "before the user's code, the dir must hold the newest committed step, step-3, and "
+        "nothing of step-4", sorted(found), r.stderr.decode()[-3000:])
     for rel, content in restored.items():
         assert found[rel] == content, rel
     assert note(job, "step-4") is True
-    want = {**restored, **step_files(4)}
+    want = {**step_files(1), **step_files(2), **restored, **step_files(4)}
     found_s3 = objects(s3_server, bucket)
     assert sorted(found_s3) == sorted(want)
     assert all(found_s3[rel] == content for rel, content in want.items())
     status = ckpt_status(job)
     restore = status["restore"]
-    assert sorted(restore["units"]) == ["step-1", "step-2", "step-3"], restore
-    assert restore["files"] == 9, restore
+    assert restore["units"] == ["step-3"] and restore["checkpoint"] == "step-3", restore
+    assert restore["files"] == 3, restore
     assert restore["bytes"] == sum(len(c) for c in restored.values()), restore
-    assert not restore.get("failed"), restore
     # Restored files are not uploaded again.
     after = puts(s3_server, bucket)
     again = sorted(rel for rel in restored if after[rel] != before[rel])
     assert again == [], ("restored files uploaded again", again)
     assert status["sync"]["files"] == 3, status
     assert status["last_durable"]["name"] == "step-4" and status["durable"] is True, status
+    assert status["commit"]["newest_committed"]["name"] == "step-4", status
     assert status["sync"]["state"] == "complete", status
+    # The ranks' resume file names what was restored for them.
+    with open(os.path.join(job.base, "toolkit", "checkpoint-resume")) as f:
+        assert f.read().strip() == os.path.join(job.base, "checkpoints", "step-3")
 
 
 # --------------------------------------------------------------------------

@@ -172,6 +172,15 @@ class CheckpointAccessError(ClientError):
     exit_code = 77
 
 
+class CheckpointRestoreError(ClientError):
+    """The job's committed checkpoint could not be restored on every host
+    (a host could not reach S3, a download failed, a host did not report):
+    no host starts, so none resumes from another step. EX_TEMPFAIL: a
+    code to requeue on; the message names the host and the unit."""
+
+    exit_code = 75
+
+
 class CheckpointNotDurableError(ToolkitError):
     """The newest checkpoint is not in S3 at the end, and
     TRAINING_TOOLKIT_CHECKPOINT_STRICT=1 makes that a failure."""

@@ -130,6 +130,14 @@ CHECKPOINT_DELETES_ENV = "TRAINING_TOOLKIT_CHECKPOINT_DELETES"
 CHECKPOINT_VERIFY_ENV = "TRAINING_TOOLKIT_CHECKPOINT_VERIFY"
 CHECKPOINT_STRICT_ENV = "TRAINING_TOOLKIT_CHECKPOINT_STRICT"
 CHECKPOINT_FLUSH_ENV = "TRAINING_TOOLKIT_CHECKPOINT_FLUSH_S"
+# What each host restores of a committed checkpoint: own (default) or all.
+CHECKPOINT_RESTORE_ENV = "TRAINING_TOOLKIT_CHECKPOINT_RESTORE"
+CHECKPOINT_RESTORE_DEADLINE_ENV = "TRAINING_TOOLKIT_CHECKPOINT_RESTORE_DEADLINE_S"
+# The checkpoint uploads' drain at the end (default: SM_INTERMEDIATE_DRAIN_SECONDS).
+CHECKPOINT_DRAIN_ENV = "TRAINING_TOOLKIT_CHECKPOINT_DRAIN_S"
+# Exported to each rank: a file naming the newest committed checkpoint (its
+# local path, or nothing), rewritten before each attempt.
+CHECKPOINT_RESUME_ENV = "TRAINING_TOOLKIT_CHECKPOINT_RESUME"
 REQUEUE_EXIT_CODE_ENV = "TRAINING_TOOLKIT_REQUEUE_EXIT_CODE"
 STOP_FILE_ENV = "TRAINING_TOOLKIT_STOP_FILE"  # exported to each rank; created at a stop notice
 # 1: the process runner runs this host's process on its own, as the reference
@@ -178,6 +186,8 @@ SETTINGS = {
     CHECKPOINT_VERIFY_ENV: (int, 0, 1, None),   # default: 1 where SageMaker syncs
     CHECKPOINT_STRICT_ENV: (int, 0, 1, 0),
     CHECKPOINT_FLUSH_ENV: (float, 0, MAX_GRACE_SECONDS, None),  # default: measured
+    CHECKPOINT_RESTORE_DEADLINE_ENV: (float, 1e-3, None, 1800.0),
+    CHECKPOINT_DRAIN_ENV: (float, None, MAX_GRACE_SECONDS, None),  # default: DRAIN_ENV's
     REQUEUE_EXIT_CODE_ENV: (int, 1, 255, None),
     PROCESS_ALONE_ENV: (int, 0, 1, 0),
     RESTARTS_ENV: (int, 0, None, 0),
@@ -336,7 +346,8 @@ def checkpoints_requested(environ):
     refused when bad, only then)."""
     return any(environ.get(name, "").strip() for name in (
         CHECKPOINT_S3_URI_ENV, CHECKPOINT_DIR_ENV, CHECKPOINT_COMPLETE_ENV,
-        CHECKPOINT_DELETES_ENV, CHECKPOINT_VERIFY_ENV, REQUEUE_EXIT_CODE_ENV))
+        CHECKPOINT_DELETES_ENV, CHECKPOINT_VERIFY_ENV, REQUEUE_EXIT_CODE_ENV,
+        CHECKPOINT_RESTORE_ENV))
 
 
 def check_settings(environ):

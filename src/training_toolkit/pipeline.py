@@ -17,7 +17,7 @@ from .errors import (ClusterError, CodeNotFoundError, ConfigError, ExecuteUserSc
                      HangError, NoProgressError, PreflightError)
 from .job.checks import check_requirements_file
 from .job.environment import Environment
-from .job.paths import entry_point_path, is_populated
+from .job.paths import entry_point_path, is_populated, remove_stop_file
 from .runners import RunnerType, load, load_for, select
 from .runners.plan import COMMAND, PYTHON_PACKAGE, entry_kind
 
@@ -315,6 +315,8 @@ class AttemptLoop:
                 variables[params.RESTART_COUNT_ENV] = str(attempts.number)
         self.reporter.set(resilience=attempts.summary())
         self.supervisor.warm_next = self._warm_next()
+        if attempts.number:
+            self._fresh_files()
         try:
             if attempts.number:
                 from .cluster.rejoin import rejoin_for_attempt, parked_here
@@ -334,6 +336,15 @@ class AttemptLoop:
                          else "lost")
             attempts.save()
             raise
+
+    def _fresh_files(self):
+        """Before a restart: the previous attempt's stop file goes (its ranks
+        would stop at once), and the resume file names the newest committed
+        checkpoint (not a step the failed attempt left half-written)."""
+        remove_stop_file(self.env.paths)
+        wing = self.job.checkpoints if self.job is not None else None
+        if wing is not None:
+            wing.write_resume_file()
 
     def _warm_next(self):
         """What the next attempt's start differs in, while one may follow

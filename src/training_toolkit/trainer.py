@@ -13,7 +13,7 @@ from .errors import (CheckpointNotDurableError, ClientError, ConfigError, Framew
                      InternalError, OutputNotDurableError, OutputWriteError, ToolkitError,
                      UsageError)
 from .job.environment import Environment
-from .job.paths import JobPaths, require_job
+from .job.paths import JobPaths, remove_stop_file, require_job
 from .report import Reporter
 from .supervise import Supervisor, Terminated
 
@@ -119,16 +119,14 @@ def _requeue_code(job):
 
 
 def _open_checkpoints(job, env):
-    """Before any user code: the checkpoint dir and the stop file are
-    exported to every rank, and where the job syncs its checkpoints, the
-    prefix is checked and restored and the sync started
-    (resilience/checkpoints.py). A bad setting is 78, a missing bucket 78,
-    access denied 77."""
+    """Before any user code: the checkpoint dir, the stop file and the
+    resume file are exported to every rank, and where the job syncs its
+    checkpoints, the prefix is checked, the job's committed checkpoint
+    restored on every host and the sync started (resilience/checkpoints.py).
+    A bad setting is 78, a missing bucket 78, access denied 77, a host that
+    cannot restore its share 75 on every host."""
     os.environ[params.STOP_FILE_ENV] = job.paths.stop_file
-    try:
-        os.unlink(job.paths.stop_file)  # an earlier attempt's
-    except OSError:
-        pass
+    remove_stop_file(job.paths)  # an earlier attempt's
     if not params.checkpoints_requested(os.environ) and not os.path.exists(
             job.paths.checkpoint_config_file):  # nothing of the wing is imported
         os.environ[params.CHECKPOINT_DIR_ENV] = job.paths.checkpoints_dir
@@ -141,15 +139,35 @@ def _open_checkpoints(job, env):
 
     settings = checkpoints.settings_of(os.environ, job.paths, env.current_host)
     os.environ[params.CHECKPOINT_DIR_ENV] = settings.local_dir
+    os.environ[params.CHECKPOINT_RESUME_ENV] = job.paths.checkpoint_resume_file
+    hosts = checkpoint_hosts(env)
+    channel = None
+    if len(hosts) > 1 and settings.mode == "sync":
+        from .cluster import control
+
+        channel = (control.control_port(os.environ), control.job_key_for(env))
     wing = checkpoints.Checkpoints(settings, os.environ.get(params.S3_ENDPOINT_ENV) or None,
-                                   env.region)
+                                   env.region, env.current_host, hosts, channel,
+                                   job.paths.checkpoint_resume_file)
+    job.checkpoints = wing
     import contextlib
 
     with (job.reporter.span("checkpoint_restore") if settings.mode != "off"
           else contextlib.nullcontext()):
         wing.open()
-    job.checkpoints = wing
     job.reporter.set(checkpoints=wing.status())
+
+
+def checkpoint_hosts(env):
+    """The hosts whose `train` syncs the job's checkpoints, the master
+    first: every host of the job, or this one where it runs alone (one
+    host, an MPIJob's launcher, Slurm's task per rank, a host of a
+    multi-host tree run by itself)."""
+    hosts = list(env.hosts)
+    if len(hosts) < 2 or env.orchestrator == "mpijob" or env.ranks_by_orchestrator or \
+            params.setting(os.environ, params.PROCESS_ALONE_ENV) or env.current_host not in hosts:
+        return (env.current_host,)
+    return tuple(hosts)
 
 
 def call_framework_hook(spec):
@@ -296,55 +314,72 @@ def _start_intermediate_sync(job, env):
 
 def _drain_syncs(job):
     """Before the verdict: let pending uploads of the intermediate output and
-    of the checkpoints finish, and verify them, within
-    SM_INTERMEDIATE_DRAIN_SECONDS, and on a stop signal within what is left
-    of the termination grace (both at once). Returns the intermediate
-    sync's last snapshot (None when there was none, or it was drained
-    already); the checkpoints' verdict goes to status.json."""
+    of the checkpoints finish, and verify them, within their drain settings
+    (SM_INTERMEDIATE_DRAIN_SECONDS, TRAINING_TOOLKIT_CHECKPOINT_DRAIN_S), and
+    on a stop signal within what is left of the termination grace (both at
+    once); the checkpoints' newest unit is then waited for to be committed
+    for the job, within the same deadline. Returns the intermediate sync's
+    last snapshot (None when there was none, or it was drained already);
+    the checkpoints' verdict goes to status.json."""
     sync, job.sync = job.sync, None
     checkpoints = job.checkpoints
     if checkpoints is not None and checkpoints.finished:
         checkpoints = None
-    ckpt_sync = checkpoints.sync if checkpoints is not None else None
-    snapshots = _drain(job, [s for s in (sync, ckpt_sync) if s is not None])
+    from .intermediate_output import drain_seconds
+
+    drains = {}
+    if sync is not None:
+        drains[sync] = drain_seconds()
+    if checkpoints is not None and checkpoints.settings.mode != "off":
+        drains[checkpoints.sync] = checkpoints.settings.drain_s
+    drains.pop(None, None)
+    snapshots, limits = _drain(job, drains)
     if checkpoints is not None:
-        job.reporter.set(checkpoints=checkpoints.finish(snapshots.get(ckpt_sync)))
+        ckpt_sync = checkpoints.sync
+        job.reporter.set(checkpoints=checkpoints.finish(
+            snapshots.get(ckpt_sync), limits.get(ckpt_sync, _deadline(
+                job, checkpoints.settings.drain_s))))
     if sync is None:
         return None
     job.reporter.set(intermediate=snapshots[sync])
     return snapshots[sync]
 
 
-def _drain(job, syncs):
-    """{sync: its last snapshot}, each drained by the same deadline."""
-    if not syncs:
-        return {}
-    from .intermediate_output import STOP_EXTRA_S, drain_seconds
+def _deadline(job, seconds):
+    """`seconds` from now, or sooner on a stop: within the grace."""
+    from .intermediate_output import STOP_EXTRA_S
 
-    def deadline():
-        limit = time.monotonic() + max(0.0, drain_seconds())
-        stopped = job.stop_signal_at
-        if stopped is not None:
-            limit = min(limit, stopped + job.supervisor.grace_seconds - STATUS_MARGIN_S
-                        - STOP_EXTRA_S)
-        return limit
+    limit = time.monotonic() + max(0.0, seconds)
+    stopped = job.stop_signal_at
+    if stopped is not None:
+        limit = min(limit, stopped + job.supervisor.grace_seconds - STATUS_MARGIN_S
+                    - STOP_EXTRA_S)
+    return limit
 
-    limit = deadline()
-    for sync in syncs:
+
+def _drain(job, drains):
+    """({sync: its last snapshot}, {sync: its deadline}), each sync of
+    `drains` drained within its seconds."""
+    if not drains:
+        return {}, {}
+    from .intermediate_output import STOP_EXTRA_S
+
+    limits = {sync: _deadline(job, seconds) for sync, seconds in drains.items()}
+    for sync, limit in limits.items():
         sync.request_stop(limit)
     while True:
         try:
-            if all(sync.wait(0.05) for sync in syncs):
+            if all(sync.wait(0.05) for sync in limits):
                 break
             if job.stop_signal_at is not None:
-                limit = min(limit, deadline())
-                for sync in syncs:
-                    sync.set_deadline(limit)
-            if time.monotonic() > limit + STOP_EXTRA_S:
+                for sync, seconds in drains.items():
+                    limits[sync] = min(limits[sync], _deadline(job, seconds))
+                    sync.set_deadline(limits[sync])
+            if time.monotonic() > max(limits.values()) + STOP_EXTRA_S:
                 break  # what is still in flight is recorded as not verified
         except Terminated:
             continue  # a stop signal while draining: the deadline shrinks
-    return {sync: sync.snapshot() for sync in syncs}
+    return {sync: sync.snapshot() for sync in limits}, limits
 
 
 def _succeed(job):

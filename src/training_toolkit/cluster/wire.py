@@ -57,6 +57,8 @@ _FIELDS = {
     # port (`bytes`: a bandwidth stream follows), a worker's checks to the master.
     "preflight_hello": {"host": str, "nonce": str, "round": int, "bytes": int},
     "preflight_report": {"host": str, "round": int, "checks": list},
+    # The checkpoint restore (cluster/checkpoint_plan.py): "" or what failed.
+    "restore_report": {"host": str, "round": int, "failure": str},
 }
 
 

@@ -39,8 +39,19 @@ class EveryFile:
         completeness marker waits for its directory), else None."""
         return None
 
-    def uploaded(self, rel, settled, size, written_at):
-        """`rel` (of `size` bytes, written at `written_at`, a time.time())
-        reached S3; `settled(unit)` says whether nothing of a unit is still
-        on its way up. Returns what became durable, or None."""
+    def seen(self, rel):
+        """The file `rel` is here (it may go up once ready)."""
+
+    def uploaded(self, rel, settled, size, written_at, etag):
+        """`rel` (of `size` bytes, written at `written_at`, a time.time(),
+        with this `etag`) reached S3; `settled(unit)` says whether nothing
+        of a unit is still on its way up. Returns what became durable, or None."""
         return None
+
+    def may_delete(self, rel):
+        """Whether the object of `rel`, deleted here, may be deleted in S3
+        now; a delete that may not waits until `may_delete` says so."""
+        return True
+
+    def gone(self, root, rel):
+        """`rel` (a file or a directory) was deleted here or moved away."""

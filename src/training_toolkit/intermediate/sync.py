@@ -26,6 +26,10 @@ DRAIN_ENV = params.DRAIN_ENV
 STOP_EXTRA_S = 0.5
 # A failure is logged at most this often (the counts are in the status).
 LOG_EVERY_S = 30.0
+# The sync loop, failed on something unexpected, starts again (after a
+# rescan of the tree) at most this many times within RESTART_WINDOW_S.
+MAX_RESTARTS = 3
+RESTART_WINDOW_S = 60.0
 
 
 def drain_seconds(environ=os.environ):
@@ -78,6 +82,7 @@ class Status:
             "pending_at_exit": None,
             "drain_seconds": None,
             "drain_limit_seconds": None,
+            "restarts": 0,
         }
 
     def snapshot(self):
@@ -113,9 +118,10 @@ class Sync:
 
     def __init__(self, root, bucket, prefix, region=None, endpoint_url=None, s3_output=None,
                  timeout_s=None, backoff_s=(FIRST_BACKOFF_S, MAX_BACKOFF_S), rescan_s=RESCAN_S,
-                 rules=None):
+                 rules=None, on_dead=None):
         self.root = os.path.abspath(root)
         self.rules = rules or EveryFile()
+        self.on_dead = on_dead  # called with the error when the sync stops for good
         self._seeds = {}
         self.bucket = bucket
         self.prefix = prefix
@@ -146,9 +152,9 @@ class Sync:
     # ------------------------------------------------------------------
 
     def seed(self, objects):
-        """Files known to be in S3 already, {relative path: (size, ETag)}
-        (a restore's): not uploaded again while they stay as they are.
-        Before start()."""
+        """Files known to be in S3 already, {relative path: (size, ETag,
+        owned)} (a restore's): not uploaded again while they stay as they
+        are, and deleted there only where this host `owned` them. Before start()."""
         self._seeds.update(objects)
         return self
 
@@ -215,6 +221,10 @@ class Sync:
         """Wait until nothing is pending or in flight (or `timeout`)."""
         self._idle.wait(timeout)
 
+    def wake(self):
+        """Wake the sync thread (a rule's answer may have changed)."""
+        self._wake()
+
     def _wake(self):
         with self._wake_lock:  # never a write to a closed (and maybe reused) fd
             if self._wake_w < 0:
@@ -235,28 +245,50 @@ class Sync:
     def _run(self):
         drain_start = None
         try:
-            for rel, (size, etag) in self._seeds.items():
+            for rel, (size, etag, owned) in self._seeds.items():
                 try:
                     st = os.stat(os.path.join(self.root, rel))
                 except OSError:
                     continue
                 if st.st_size == size:
-                    self._uploads.seed(rel, verify.signature(st), etag)
+                    self._uploads.seed(rel, verify.signature(st), etag, owned)
             self._watcher.start()
             self._client = self._uploads.set_up(self.endpoint_url, self.region,
                                                 self.timeout_s or None)
             self._status.update(state="syncing")
-            self._loop(draining=False)
+            self._run_loop()
             drain_start = time.monotonic()
             self._drain()
         except Exception as err:  # noqa: BLE001 - the sync must never take the job down
             self._status.record_error(err, "the sync stopped")
             self._status.update(state="error")
+            if self.on_dead is not None:
+                self.on_dead("%s: %s" % (type(err).__name__, err))
         finally:
             self._shut_down()
             if drain_start is not None:
                 self._status.update(drain_seconds=round(time.monotonic() - drain_start, 3))
             self._idle.set()
+
+    def _run_loop(self):
+        """The loop until a stop is asked for; one that fails on something
+        unexpected starts again after a rescan of the tree (what it was
+        doing is found again), up to MAX_RESTARTS times in RESTART_WINDOW_S."""
+        failures = []
+        while True:
+            try:
+                return self._loop(draining=False)
+            except Exception as err:
+                now = time.monotonic()
+                failures = [t for t in failures if now - t < RESTART_WINDOW_S] + [now]
+                if len(failures) > MAX_RESTARTS:
+                    raise
+                self._status.add(restarts=1)
+                log.warning("%s: the sync failed (%s: %s); it starts again" % (
+                    self.rules.label, type(err).__name__, err))
+                self._watcher.add_tree("", rescan=True)
+                for rel in self._uploads.gone_but_uploaded():
+                    self._uploads.gone(rel)
 
     def _loop(self, draining):
         """Handle events and results until a stop is requested (or, when

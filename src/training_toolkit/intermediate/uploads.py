@@ -84,6 +84,7 @@ class Uploads:
         self.root = root
         self.rules = rules or EveryFile()
         self._held = {}      # path -> unit: a marker waiting for the rest of its unit
+        self._deferred = set()  # paths whose delete waits for the rules' leave
         self._busy_since = None  # monotonic time since which something is in flight
         self._busy_s = 0.0   # seconds with something in flight: the upload rate's time
         self.bucket = bucket
@@ -169,12 +170,13 @@ class Uploads:
     def idle(self):
         return self.settled() and not self._waiting and not self._held
 
-    def seed(self, rel, sig, etag):
+    def seed(self, rel, sig, etag, owned=True):
         """`rel` is in S3 already with this content (restored from there):
-        not uploaded again unless it changes, and deleted there when it is
-        deleted here (where deletes are mirrored)."""
+        not uploaded again unless it changes, and, where this host `owned`
+        it (wrote it), deleted there when it is deleted here (where deletes
+        are mirrored)."""
         f = self._files[rel] = _File()
-        f.sig, f.etag, f.ever_uploaded = sig, etag, True
+        f.sig, f.etag, f.ever_uploaded = sig, etag, owned
 
     def upload_rate(self):
         """Bytes per second while something was in flight, or None."""
@@ -237,6 +239,7 @@ class Uploads:
             return
         path = os.path.join(self.root, rel)
         if os.path.lexists(path):  # else a delete, which may go now
+            self.rules.seen(rel)
             if not self.rules.ready(self.root, rel):
                 return  # its unit is not complete yet: the marker brings it
             unit = self.rules.waits_for(rel)
@@ -263,6 +266,7 @@ class Uploads:
         """`rel` (a file, or a directory) was deleted or moved away: where
         deletes are mirrored, what of it went up is deleted in S3."""
         self._held.pop(rel, None)
+        self.rules.gone(self.root, rel)
         if not self.rules.mirror_deletes:
             return
         under = rel + "/"
@@ -317,6 +321,9 @@ class Uploads:
                 self._settle(rel, f)
         if self._held:
             self._release_held()
+        for rel in [r for r in self._deferred if self.rules.may_delete(r)]:
+            self._deferred.discard(rel)
+            self.want(rel)
 
     def _post(self, message):
         self._messages.append(message)
@@ -349,7 +356,10 @@ class Uploads:
             st = os.stat(path)
         except OSError:  # gone (renamed, deleted, a dangling link)
             if self.rules.mirror_deletes and f.ever_uploaded and not os.path.lexists(path):
-                self._submit_delete(rel, f)
+                if self.rules.may_delete(rel):
+                    self._submit_delete(rel, f)
+                else:
+                    self._deferred.add(rel)
             return
         import stat as stat_module
 
@@ -447,7 +457,7 @@ class Uploads:
                 self.want(rel)  # changed while uploading: the last content must win
             return
         f.sig, f.etag = f.submit_sig, hashed[1]
-        durable = self.rules.uploaded(rel, self._unit_settled, f.sig[0], f.sig[1] / 1e9)
+        durable = self.rules.uploaded(rel, self._unit_settled, f.sig[0], f.sig[1] / 1e9, f.etag)
         if durable is not None:
             self._status.update(last_durable=durable)
 

@@ -241,6 +241,11 @@ class JobPaths:
         return self._join("toolkit", "standby")
 
     @property
+    def checkpoint_resume_file(self):
+        """TRAINING_TOOLKIT_CHECKPOINT_RESUME: the newest committed checkpoint's path."""
+        return self._join("toolkit", "checkpoint-resume")
+
+    @property
     def stop_file(self):
         """TRAINING_TOOLKIT_STOP_FILE: created at a stop notice, for ranks that poll."""
         return self._join("toolkit", "stop")
@@ -282,3 +287,11 @@ class JobPaths:
         `sigquit-<time>` dir below, on SIGQUIT): in output/data, so the
         job's output.tar.gz carries them."""
         return os.path.join(self.hangs_dir, host)
+
+
+def remove_stop_file(paths):
+    """A stop file left by an earlier attempt would stop the next one at once."""
+    try:
+        os.unlink(paths.stop_file)
+    except OSError:
+        pass

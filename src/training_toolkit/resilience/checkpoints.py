@@ -25,17 +25,23 @@ import time
 
 from .. import log, params
 from ..errors import CheckpointAccessError, ConfigError
-from ..intermediate.rules import EveryFile
-from ..job.paths import ATTEMPTS_RECORD_NAME
+from ..intermediate.rules import EveryFile, unit_of
+from .commits import RESERVED
+from .restore import ASIDE, STAGING
 
 HOST_PLACEHOLDER = "{host}"
 DELETE_MODES = ("mirror", "keep")
+RESTORE_RULES = ("own", "all")
 # The flush reserve's bounds: at least this, and never more than half the
 # grace (the ranks always get the other half).
 MIN_FLUSH_S = 5.0
 # How long `train` tries to reach the prefix at start before it gives up on
-# the restore (the job then starts from nothing, and says so).
+# it (a restore that needs it then fails the job: 75).
 START_ATTEMPTS_S = 30.0
+# SageMaker verify mode: HEADs in flight at once.
+VERIFY_CONCURRENCY = 16
+# A sync stopped for good is said again this often while the job runs.
+LOG_DEAD_S = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +62,16 @@ class CheckpointSettings:
     flush_s: float = None
     requeue_exit_code: int = None
     shared_prefix: bool = True
+    root_prefix: str = ""    # where the job's commit records are (commits.Layout)
+    host_rel: str = ""       # from there to a host's prefix, with {host} in it
+    restore_rule: str = "own"
+    drain_s: float = 60.0
+
+    @property
+    def layout(self):
+        from .commits import Layout
+
+        return Layout(self.bucket, self.root_prefix, self.host_rel)
 
     def status(self):
         return {"mode": self.mode, "dir": self.local_dir, "s3_uri": self.s3_uri,
@@ -117,8 +133,14 @@ def settings_of(environ, paths, host):
     if deletes not in DELETE_MODES:
         raise ConfigError("must be mirror or keep, got %r" % deletes,
                           field=params.CHECKPOINT_DELETES_ENV)
+    rule = environ.get(params.CHECKPOINT_RESTORE_ENV, "").strip().lower() or "own"
+    if rule not in RESTORE_RULES:
+        raise ConfigError("must be own or all, got %r" % rule,
+                          field=params.CHECKPOINT_RESTORE_ENV)
+    drain = params.setting(environ, params.CHECKPOINT_DRAIN_ENV)
     common = dict(local_dir=os.path.abspath(local_dir), marker=marker,
-                  mirror_deletes=deletes == "mirror",
+                  mirror_deletes=deletes == "mirror", restore_rule=rule,
+                  drain_s=params.setting(environ, params.DRAIN_ENV) if drain is None else drain,
                   strict=bool(params.setting(environ, params.CHECKPOINT_STRICT_ENV)),
                   flush_s=params.setting(environ, params.CHECKPOINT_FLUSH_ENV),
                   requeue_exit_code=params.setting(environ, params.REQUEUE_EXIT_CODE_ENV))
@@ -127,9 +149,20 @@ def settings_of(environ, paths, host):
     if uri:
         expanded = uri.replace(HOST_PLACEHOLDER, host)
         bucket, prefix = parse_s3_uri(expanded, params.CHECKPOINT_S3_URI_ENV)
+        root, host_rel = prefix, ""
+        if HOST_PLACEHOLDER in uri:
+            template = uri.partition("://")[2]
+            if HOST_PLACEHOLDER in template.partition("/")[0]:
+                raise ConfigError("%s may stand in the prefix, not in the bucket name, got %r"
+                                  % (HOST_PLACEHOLDER, uri), field=params.CHECKPOINT_S3_URI_ENV)
+            before = template.partition("/")[2].partition(HOST_PLACEHOLDER)[0]
+            root = before[:before.rfind("/") + 1]
+            host_rel = template.partition("/")[2].strip("/")[len(root):] + "/"
         return CheckpointSettings(mode="sync", s3_uri=expanded, bucket=bucket, prefix=prefix,
                                   source=params.CHECKPOINT_S3_URI_ENV, verify=bool(verify),
-                                  shared_prefix=HOST_PLACEHOLDER not in uri, **common)
+                                  shared_prefix=HOST_PLACEHOLDER not in uri, root_prefix=root,
+                                  host_rel=host_rel,
+                                  **common)
     if config is not None and config.get("S3Uri") and verify != 0:
         where = "%s: S3Uri" % paths.checkpoint_config_file
         bucket, prefix = parse_s3_uri(str(config["S3Uri"]), where)
@@ -141,25 +174,38 @@ def settings_of(environ, paths, host):
 class CheckpointRules(EveryFile):
     """The checkpoint tree's rules for the sync (see intermediate.rules):
     with a `marker`, a top-level directory's files go up only once the
-    marker exists in it, and the marker after them all. A unit becomes
-    durable when its marker is in S3 (without a marker: when nothing of it
-    is left to upload); `durable` is the newest such (by when its marker, or
-    its last file, was written), with its bytes."""
+    marker exists in it, and the marker after them all. This host's part of
+    a unit is durable when its marker is in S3 (without a marker: when
+    nothing of it is left to upload); the committer (commits.Committer)
+    then makes it the job's, and says when a deleted unit's objects may go.
+    The toolkit's own names (`.training-toolkit*`, the restore's staging)
+    are never a unit."""
 
     label = "checkpoints"
     # S3 away for a while: every checkpoint goes up once it is back.
     keep_retrying = True
 
-    def __init__(self, marker, mirror_deletes, shared_prefix):
+    def __init__(self, marker, mirror_deletes, shared_prefix, committer=None):
         self.marker = marker
         self.mirror_deletes = mirror_deletes
         self.shared_prefix = shared_prefix
-        self._sizes = {}  # unit -> {path: size} of what went up
-        # The newest durable unit, replaced whole (a signal handler reads it, without a lock).
+        self.committer = committer
+        self._objects = {}  # unit -> {path: (size, ETag)} of what went up
+        self._claimed = set()
+        # This host's newest durable part, replaced whole (a signal handler reads it).
         self.durable = None
+
+    @staticmethod
+    def own_name(rel):
+        """Whether `rel` is the toolkit's own (the attempt record, the aside
+        dir, the restore's staging): never a checkpoint unit."""
+        unit = unit_of(rel)
+        return unit.startswith(RESERVED) or unit.startswith(STAGING)
 
     def ready(self, root, rel):
         unit, sep, _ = rel.partition("/")
+        if unit.startswith(STAGING) or unit.startswith(ASIDE):
+            return False
         return self.marker is None or not sep or os.path.exists(
             os.path.join(root, unit, self.marker))
 
@@ -167,18 +213,44 @@ class CheckpointRules(EveryFile):
         unit, sep, rest = rel.partition("/")
         return unit if self.marker is not None and sep and rest == self.marker else None
 
-    def uploaded(self, rel, settled, size, written_at):
+    def seen(self, rel):
+        unit, sep, _ = rel.partition("/")
+        if sep and unit not in self._claimed and self.committer is not None and \
+                not self.own_name(rel):
+            self._claimed.add(unit)
+            self.committer.claim(unit)
+
+    def uploaded(self, rel, settled, size, written_at, etag=None):
         unit, sep, rest = rel.partition("/")
-        if rel == ATTEMPTS_RECORD_NAME:  # goes up with them, but is no checkpoint
+        if self.own_name(rel):  # goes up with them, but is no checkpoint
             return None
-        self._sizes.setdefault(unit, {})[rel] = size
+        self._objects.setdefault(unit, {})[rel] = (size, etag)
         if sep and not (rest == self.marker if self.marker is not None else settled(unit)):
             return None
         if self.durable is not None and self.durable["written_at"] > written_at:
             return None  # an older checkpoint that went up later
-        self.durable = {"name": unit, "bytes": sum(self._sizes[unit].values()),
+        self.durable = {"name": unit, "bytes": sum(s for s, _ in self._objects[unit].values()),
                         "written_at": written_at, "durable_at": time.time()}
+        if self.committer is not None:
+            self.committer.part_durable(unit, dict(self._objects[unit]), written_at,
+                                        root_file=not sep)
         return self.durable
+
+    def may_delete(self, rel):
+        return self.committer is None or self.own_name(rel) or \
+            self.committer.may_delete(unit_of(rel))
+
+    def gone(self, root, rel):
+        unit = unit_of(rel)
+        for known in [k for k in self._objects.get(unit, ()) if k == rel or
+                      k.startswith(rel + "/")]:
+            del self._objects[unit][known]
+        if self.own_name(rel) or os.path.lexists(os.path.join(root, unit)):
+            return
+        self._objects.pop(unit, None)
+        self._claimed.discard(unit)
+        if self.committer is not None and self.mirror_deletes:
+            self.committer.unit_gone(unit)
 
 
 def complete_units(local_dir, marker):
@@ -190,10 +262,11 @@ def complete_units(local_dir, marker):
     except OSError:
         return units
     for entry in entries:
+        if CheckpointRules.own_name(entry.name):
+            continue
         try:
             if not entry.is_dir(follow_symlinks=False):
-                if entry.is_file() and not entry.name.startswith(".restoring-") and \
-                        entry.name != ATTEMPTS_RECORD_NAME:
+                if entry.is_file() and not CheckpointRules.own_name(entry.name):
                     units[entry.name] = entry.stat().st_mtime
                 continue
             if marker is not None:
@@ -210,16 +283,26 @@ def complete_units(local_dir, marker):
 
 class Checkpoints:
     """The checkpoint wing of one host's job: `open()` at start (the access
-    check, the restore, the sync), `reserve_seconds()` at a stop notice,
-    `finish()` at the end, `status()` for status.json."""
+    check, the job's restore, the sync and its commits), `reserve_seconds()`
+    at a stop notice, `finish()` at the end, `status()` for status.json.
+    `hosts`: the hosts whose `train` syncs this job's checkpoints (this one
+    alone, or every host: the master first); `channel`: (port, key) of the
+    control port where they agree on the restore (cluster/checkpoint_plan.py)."""
 
-    def __init__(self, settings, endpoint_url=None, region=None):
+    def __init__(self, settings, endpoint_url=None, region=None, host="localhost", hosts=None,
+                 channel=None, resume_file=None):
         self.settings = settings
         self.endpoint_url = endpoint_url
         self.region = region
+        self.host = host
+        self.hosts = tuple(hosts or (host,))
+        self.channel = channel
+        self.resume_file = resume_file
         self.sync = None
+        self.committer = None
         self.finished = False
         self._client = None
+        self._resume = None
         self._state = {"restore": None, "verify": None, "preemption": None}
 
     def _s3(self):
@@ -232,28 +315,85 @@ class Checkpoints:
         return self._client
 
     def open(self):
-        """Before any user code: make the dir, check the prefix, restore it
-        (sync mode) and start the sync. A bucket that does not exist is 78,
-        access denied 77; S3 out of reach is logged, and the job starts
-        without a restore."""
+        """Before any user code: make the dir, check the prefix, restore the
+        job's committed checkpoint on every host (sync mode) and start the
+        sync. A bucket that does not exist is 78, access denied 77; a host
+        that cannot restore its share is 75 on every host."""
         s = self.settings
         os.makedirs(s.local_dir, exist_ok=True)
         if s.mode == "off":
+            self.write_resume_file()
             return self
-        if not self._reachable():
-            return self
+        unreachable = self._reachable()
         if s.mode == "sync":
-            from .restore import restore
-
-            restored = restore(self._s3(), s.bucket, s.prefix, s.local_dir, s.marker)
-            self._state["restore"] = restored.status()
-            self._log_restore(restored)
-            self.sync = self._make_sync().seed(restored.objects).start()
+            self._restore(unreachable)
+        else:
+            self.write_resume_file()
         return self
 
+    def _restore(self, unreachable, round_=0):
+        """The job's restore (round 0 at start, N before restart N), then
+        the sync and its committer, once."""
+        from ..cluster.checkpoint_plan import agree
+        from .resume import Resume
+
+        s = self.settings
+        resume = self._resume = Resume(self._s3(), s.layout, s.local_dir, self.host,
+                                       s.restore_rule, unreachable, s.s3_uri)
+        port, key = self.channel or (None, None)
+        deadline = time.monotonic() + params.setting(os.environ,
+                                                     params.CHECKPOINT_RESTORE_DEADLINE_ENV)
+        agree(self.hosts, self.host, port, key, round_, deadline, resume.decide,
+              resume.restore_here)
+        restored = resume.restored
+        if restored is not None:
+            self._state["restore"] = restored.status()
+        self._log_restore(restored)
+        if self.sync is None:
+            if unreachable is None:
+                self._fetch_attempts_record()
+            self.sync = self._make_sync()
+            self.committer.start(resume.records.values())
+            self.sync.seed(restored.objects if restored else {}).start()
+        self.write_resume_file()
+
+    def write_resume_file(self):
+        """The ranks' resume file: the path of the newest checkpoint committed
+        for the job (where the job syncs them), else of the newest complete
+        one here; empty where there is none."""
+        if self.resume_file is None:
+            return
+        from .resume import write_resume_file
+
+        s = self.settings
+        if self.committer is not None:
+            newest = (self.committer.newest() or {}).get("name")
+        else:
+            units = complete_units(s.local_dir, s.marker)
+            newest = max(units, key=units.get) if units else None
+        write_resume_file(self.resume_file, os.path.join(s.local_dir, newest) if newest else "")
+
+    def _fetch_attempts_record(self):
+        """The attempt record (resilience/attempts.py) goes up with the
+        checkpoints but is none: brought back as it is, where there is none here."""
+        from ..job.paths import ATTEMPTS_RECORD_NAME
+
+        s = self.settings
+        path = os.path.join(s.local_dir, ATTEMPTS_RECORD_NAME)
+        if os.path.exists(path):
+            return
+        try:
+            self._s3().download_file(s.bucket, s.prefix + ATTEMPTS_RECORD_NAME, path)
+        except Exception:  # noqa: BLE001 - none there (a first attempt)
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
     def _reachable(self):
-        """Whether the prefix can be listed; raises for a missing bucket (78)
-        or access denied (77)."""
+        """None when the prefix can be listed, else why not (S3 out of reach
+        for START_ATTEMPTS_S); raises for a missing bucket (78) or access
+        denied (77)."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         from .. import backoff
@@ -263,7 +403,7 @@ class Checkpoints:
         while True:
             try:
                 self._s3().list_objects_v2(Bucket=s.bucket, Prefix=s.prefix, MaxKeys=1)
-                return True
+                return None
             except ClientError as e:
                 code = e.response.get("Error", {}).get("Code", "")
                 status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
@@ -275,7 +415,7 @@ class Checkpoints:
                         log.warning("checkpoints: cannot list %s (access denied): the newest "
                                     "checkpoint will not be verified" % s.s3_uri)
                         self.settings = dataclasses.replace(s, verify=False)
-                        return False
+                        return "access denied"
                     raise CheckpointAccessError("%s: access denied listing %s (the job's "
                                                 "credentials must read and write it)"
                                                 % (s.source, s.s3_uri)) from None
@@ -285,52 +425,72 @@ class Checkpoints:
             tries += 1
             delay = backoff.nth_delay(tries, 0.5, 4.0)
             if time.monotonic() + delay > deadline:
-                log.error("checkpoints: %s cannot be reached (%s): the job starts without "
-                          "restoring its checkpoints" % (s.s3_uri, error))
+                log.error("checkpoints: %s cannot be reached from %s (%s)"
+                          % (s.s3_uri, self.host, error))
                 self._state["restore"] = {"error": str(error)}
-                if s.mode == "sync":
-                    self.sync = self._make_sync().start()  # it catches up once S3 is back
-                return False
+                return str(error)
             time.sleep(delay)
 
     def _make_sync(self):
         from ..intermediate.sync import Sync
+        from .commits import Committer
 
         s = self.settings
         rules = CheckpointRules(s.marker, s.mirror_deletes, s.shared_prefix)
-        return Sync(s.local_dir, s.bucket, s.prefix, region=self.region,
-                    endpoint_url=self.endpoint_url, rules=rules)
+        sync = Sync(s.local_dir, s.bucket, s.prefix, region=self.region,
+                    endpoint_url=self.endpoint_url, rules=rules, on_dead=self._sync_dead)
+        rules.committer = self.committer = Committer(self._s3(), s.layout, self.host,
+                                                     self.hosts, wake=sync.wake)
+        return sync
+
+    def _sync_dead(self, error):
+        """The sync thread stopped for good: said at once, then every
+        LOG_DEAD_S while the job runs; the end's verdict names it."""
+        self._state["sync_stopped"] = {"at": time.time(), "error": error}
+
+        def remind():
+            while not self.finished:
+                log.error("checkpoints: the sync stopped at %s (%s): checkpoints written since "
+                          "are NOT uploaded to %s" % (time.strftime(
+                              "%H:%M:%S", time.localtime(self._state["sync_stopped"]["at"])),
+                              error, self.settings.s3_uri))
+                deadline = time.monotonic() + LOG_DEAD_S
+                while not self.finished and time.monotonic() < deadline:
+                    time.sleep(0.5)
+
+        import threading
+
+        threading.Thread(target=remind, name="checkpoint-sync-stopped", daemon=True).start()
 
     def _log_restore(self, restored):
-        if restored.units or restored.kept:
+        if restored is not None and (restored.units or restored.kept):
             log.info("checkpoints: restored %d files (%.1f MB) of %s from %s in %.2f s; newest "
                      "%s" % (restored.files, restored.bytes / 1e6,
                              ", ".join(restored.units + restored.kept),
                              self.settings.s3_uri, restored.seconds, restored.checkpoint))
+            for moved in restored.aside:
+                log.warning("checkpoints: the local %s differed from the committed one: moved "
+                            "to %s" % (moved.rsplit("/", 1)[-1],
+                                       os.path.join(self.settings.local_dir, moved)))
         else:
             log.info("checkpoints: nothing to restore from %s" % self.settings.s3_uri)
-        for unit, why in restored.skipped:
-            log.info("checkpoints: %s not restored: %s" % (unit, why))
-        for unit, error in restored.failed:
-            log.error("checkpoints: %s could not be restored (%s); nothing of it was left in %s"
-                      % (unit, error, self.settings.local_dir))
 
     def last_durable(self):
-        """The newest checkpoint known to be in S3 (name, bytes, durable_at),
-        or None. Takes no lock: a signal handler calls it."""
-        return self.sync.rules.durable if self.sync is not None else None
+        """The newest checkpoint committed for the job (name, bytes,
+        written_at, durable_at), or None."""
+        return self.committer.newest() if self.committer is not None else None
 
     def reserve_seconds(self, grace):
         """The flush reserve out of `grace` at a stop notice: the setting,
-        else what the newest checkpoint's size needs at the measured upload
-        rate; at least MIN_FLUSH_S, at most half the grace. 0 with nothing
-        to flush."""
+        else what this host's part of the newest checkpoint needs at the
+        measured upload rate; at least MIN_FLUSH_S, at most half the grace.
+        0 with nothing to flush. Takes no lock: a signal handler calls it."""
         if self.sync is None:
             return 0.0
         s = self.settings
         if s.flush_s is not None:
             return min(s.flush_s, grace)
-        durable = self.last_durable()
+        durable = self.sync.rules.durable
         rate = self.sync.upload_rate()
         need = durable["bytes"] / rate if durable and rate else 0.0
         return min(max(MIN_FLUSH_S, need), grace / 2.0)
@@ -340,33 +500,48 @@ class Checkpoints:
         if self._state["preemption"] is None and self.settings.mode != "off":
             self._state["preemption"] = {"notice_at": at_wall}
 
-    def finish(self, snapshot):
+    def finish(self, snapshot, deadline=None):
         """At the end, once the sync drained (its `snapshot`, or None in
         verify mode): the verdict on the newest checkpoint, as a status dict
-        with `durable` (True, False, or None where nothing was checked)."""
-        self.finished = True
+        with `durable` (True, False, or None where nothing was checked). In
+        sync mode the newest unit here is durable once committed for the
+        job, which is waited for until `deadline` (time.monotonic())."""
         s = self.settings
+        if deadline is None:
+            deadline = time.monotonic() + max(0.0, s.drain_s)
         newest = None
         units = complete_units(s.local_dir, s.marker)
         if units:
             newest = max(units, key=units.get)
         durable = None
-        if s.mode == "sync" and snapshot is not None:
-            lost = set(snapshot.get("not_durable") or ()) | set(snapshot.get("not_verified") or ())
-            durable = newest is None or not any(
-                rel == newest or rel.startswith(newest + "/") for rel in lost)
+        if s.mode == "sync" and self.committer is not None:
+            lost = set((snapshot or {}).get("not_durable") or ()) | set(
+                (snapshot or {}).get("not_verified") or ())
+            if newest is None:
+                durable = True
+            elif self._state.get("sync_stopped") or any(
+                    rel == newest or rel.startswith(newest + "/") for rel in lost):
+                durable = False
+            else:
+                durable = self.committer.wait_committed(newest, deadline)
+                if not durable:
+                    self._state["uncommitted"] = {
+                        "unit": newest, "waiting_for": self.committer.waiting_for(newest)}
         elif s.mode == "verify" and s.verify and newest is not None:
-            durable = self._verify(newest)
-        last = (snapshot or {}).get("last_durable")
+            durable = self._verify(newest, deadline)
+        self.finished = True
+        if self.committer is not None:
+            self.committer.stop()
+        last = self.last_durable()
         preemption = self._state["preemption"]
         if preemption is not None:
-            # The newest checkpoint here, when it is in S3; else the last one seen to go up.
+            # The newest checkpoint here, when it is in S3; else the last one committed.
             written = (units[newest] if durable and newest is not None
                        else last["written_at"] if last else None)
             preemption.update(
                 checkpoint_durable_at=(
                     last["durable_at"] if last and (not durable or last["name"] == newest)
-                    else time.time() if durable else None),  # verified by the drain
+                    else time.time() if durable else None),
                 lost_seconds=(round(max(0.0, preemption["notice_at"] - written), 3)
                               if written is not None else None),
                 flushed=bool(snapshot and snapshot.get("state") in ("complete", "unverified")))
@@ -380,14 +555,15 @@ class Checkpoints:
                          "?" if preemption["lost_seconds"] is None else preemption["lost_seconds"],
                          "flushed" if preemption["flushed"] else "not flushed"))
         if durable is False:
-            log.error("checkpoints: the newest checkpoint %s is not in %s%s" % (
-                newest, s.s3_uri, "" if s.mode == "verify" else " (see status.json's "
-                "checkpoints.sync)"))
+            log.error("checkpoints: %s" % self.not_durable_note())
         return self.status(snapshot)
 
-    def _verify(self, unit):
+    def _verify(self, unit, deadline):
         """Whether every file of `unit` is in S3 with its size (and its ETag,
-        where the upload's part size can be told); the details go to the status."""
+        where the upload's part size can be told), by `deadline`: the HEADs
+        go in parallel; the details go to the status."""
+        from concurrent.futures import ThreadPoolExecutor, wait
+
         from botocore.exceptions import ClientError
 
         from ..intermediate.verify import MULTIPART_THRESHOLD, expected_etag
@@ -397,28 +573,45 @@ class Checkpoints:
         files = ({unit: os.path.join(s.local_dir, unit)} if os.path.isfile(root) else {
             os.path.relpath(os.path.join(d, f), s.local_dir): os.path.join(d, f)
             for d, _, names in os.walk(root) for f in names})
-        missing, mismatched = [], []
+
+        def check(rel):
+            try:
+                head = self._s3().head_object(Bucket=s.bucket, Key=s.prefix + rel)
+            except ClientError as e:
+                if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                    return "missing"
+                raise
+            size = os.path.getsize(files[rel])
+            etag = head["ETag"].strip('"')
+            if head["ContentLength"] != size or (
+                    size < MULTIPART_THRESHOLD and etag != expected_etag(files[rel], size)):
+                return "mismatched"
+            return None
+
+        pool = ThreadPoolExecutor(max_workers=VERIFY_CONCURRENCY,
+                                  thread_name_prefix="checkpoint-verify")
         try:
-            for rel, path in sorted(files.items()):
-                try:
-                    head = self._s3().head_object(Bucket=s.bucket, Key=s.prefix + rel)
-                except ClientError as e:
-                    if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey",
-                                                                   "NotFound"):
-                        missing.append(rel)
-                        continue
-                    raise
-                size = os.path.getsize(path)
-                etag = head["ETag"].strip('"')
-                if head["ContentLength"] != size or (
-                        size < MULTIPART_THRESHOLD and etag != expected_etag(path, size)):
-                    mismatched.append(rel)
-        except Exception as e:  # noqa: BLE001 - S3 out of reach: not verified, not failed
+            futures = {pool.submit(check, rel): rel for rel in sorted(files)}
+            done, late = wait(futures, timeout=max(0.0, deadline - time.monotonic()))
+            results = {"missing": [], "mismatched": []}
+            for future in done:
+                verdict = future.result()  # an S3 error: not verified, not failed
+                if verdict:
+                    results[verdict].append(futures[future])
+        except Exception as e:  # noqa: BLE001 - S3 out of reach
             self._state["verify"] = {"checkpoint": unit, "error": str(e)}
             return None
-        self._state["verify"] = {"checkpoint": unit, "files": len(files), "missing": missing,
-                                 "mismatched": mismatched}
-        return not missing and not mismatched
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        if late:
+            self._state["verify"] = {"checkpoint": unit, "files": len(files),
+                                     "error": "%d of %d files not checked by the drain's "
+                                     "deadline" % (len(late), len(files))}
+            return None
+        self._state["verify"] = {"checkpoint": unit, "files": len(files),
+                                 "missing": sorted(results["missing"]),
+                                 "mismatched": sorted(results["mismatched"])}
+        return not results["missing"] and not results["mismatched"]
 
     def status(self, snapshot=None):
         out = dict(self.settings.status())
@@ -426,15 +619,26 @@ class Checkpoints:
         if snapshot is None and self.sync is not None:
             snapshot = self.sync.snapshot()
         if snapshot is not None:
-            out["last_durable"] = snapshot.get("last_durable")
             out["sync"] = {k: snapshot[k] for k in (
                 "state", "files", "uploads", "bytes", "deletes", "failures", "last_error",
-                "not_durable", "not_verified") if k in snapshot}
+                "not_durable", "not_verified", "restarts") if k in snapshot}
+        if self.committer is not None:
+            out["commit"] = self.committer.status()
+            out["last_durable"] = out["commit"]["newest_committed"]
         return out
 
     def not_durable_note(self):
         """The failure file's line when the newest checkpoint is not durable, or None."""
         if self._state.get("durable") is not False:
             return None
-        return "checkpoint %s is not durable in %s" % (self._state["newest"],
-                                                       self.settings.s3_uri)
+        newest, s = self._state["newest"], self.settings
+        stopped = self._state.get("sync_stopped")
+        if stopped:
+            return "checkpoint %s is not durable in %s: the checkpoint sync stopped at %s (%s)" % (
+                newest, s.s3_uri, time.strftime("%H:%M:%S", time.localtime(stopped["at"])),
+                stopped["error"])
+        uncommitted = self._state.get("uncommitted")
+        if uncommitted and uncommitted.get("waiting_for"):
+            return "checkpoint %s is not committed for the job in %s: the part of %s is not " \
+                "durable" % (newest, s.s3_uri, ", ".join(uncommitted["waiting_for"]))
+        return "checkpoint %s is not durable in %s" % (newest, s.s3_uri)

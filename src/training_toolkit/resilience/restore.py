@@ -1,216 +1,235 @@
-"""Restoring the checkpoint prefix from S3 into the local checkpoint dir,
+"""Restoring committed checkpoints from S3 into the local checkpoint dir,
 before any user code runs.
 
-SageMaker's checkpoint sync copies the whole prefix in at job start; this
-does the same, but by whole units only: a unit is a top-level directory of
-the prefix (every object under it) or a file at its root. With a
-completeness marker, a directory without `<unit>/<marker>` is left out, and
-a unit whose download fails leaves nothing behind, so that the job starts
-from the last whole checkpoint, never from a torn one. Each unit is
-downloaded beside its place (`.restoring-<unit>`) and renamed into it.
+What is restored is decided for the whole job (cluster/checkpoint_plan.py):
+the newest committed directory unit and every committed file at the root,
+each as its commit record (resilience/commits.py) lists it. This host
+restores its share of each (`share`): under `own`, the default, the
+objects it wrote itself, every object of a root file, and the unit's index
+files (a name starting with "."; torch.distributed.checkpoint's
+`.metadata`); under `all`, every object. A file already here is kept only
+when its content is the record's (size and ETag, computed from the bytes);
+a local unit holding anything else (another content, files the record does
+not have) is moved aside into DIR/.training-toolkit-aside/, never deleted.
+Each unit's missing files are downloaded beside it (`.restoring-<unit>`)
+and moved into place once all arrived, so a failed restore leaves no
+partial checkpoint.
 """
 import dataclasses
 import os
 import shutil
 import time
 
-from ..intermediate.verify import MULTIPART_CHUNKSIZE, MULTIPART_THRESHOLD
+from ..intermediate.verify import MULTIPART_CHUNKSIZE, MULTIPART_THRESHOLD, expected_etag
+from .commits import RESERVED
 
-# Where a unit is downloaded before it is renamed into place. A unit of
-# that name in S3 is refused: the restore sweeps them away.
+# Where a unit is downloaded before it is moved into place.
 STAGING = ".restoring-"
+# Where a local unit that differs from the committed one is moved.
+ASIDE = RESERVED + "-aside"
+RULES = ("own", "all")
+
+
+class RestoreFailed(Exception):
+    """A unit could not be restored here; the message names it."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Restored:
-    """What a restore did. `units` were downloaded, `kept` were in the dir
-    already as S3 has them; `checkpoint` is the newest of both (by its
-    newest object's LastModified). `skipped` and `failed` hold (unit,
-    reason) pairs. `objects` maps every file of `units` and `kept`
-    (relative to the dir, posix) to its listed (size, ETag): the sync does
-    not upload them again."""
+    """What a restore did. `units` were restored (downloaded in part or
+    whole), `kept` were here already as committed; `checkpoint` is the
+    newest committed unit of both. `objects` maps every file of this host's
+    share (relative to the dir) to (size, ETag, owned): the sync does not
+    upload them again, and deletes only those this host wrote."""
 
     checkpoint: "str | None"
     units: tuple
     files: int
     bytes: int
     seconds: float
-    skipped: tuple = ()
-    failed: tuple = ()
     kept: tuple = ()
+    aside: tuple = ()
+    skipped: tuple = ()
     objects: dict = dataclasses.field(default_factory=dict, repr=False)
 
     def status(self):
         """For status.json: everything but `objects`, which can be long."""
         return {"checkpoint": self.checkpoint, "units": list(self.units),
                 "kept": list(self.kept), "files": self.files, "bytes": self.bytes,
-                "seconds": round(self.seconds, 3),
-                "skipped": [list(pair) for pair in self.skipped],
-                "failed": [list(pair) for pair in self.failed]}
+                "seconds": round(self.seconds, 3), "moved_aside": list(self.aside),
+                "skipped": [list(pair) for pair in self.skipped]}
 
 
-def units_of(keys, prefix, marker=None):
-    """Group the object `keys` under `prefix` into units: (complete, skipped),
-    complete mapping each unit to its sorted paths relative to the prefix,
-    skipped each unit left out to the reason. Folder placeholders ("/" at
-    the end) are ignored; a key that could write outside the dir, or alias
-    another path, takes its whole unit out, which would be torn without it."""
-    files, skipped = {}, {}
-    for key in keys:
-        if not key.startswith(prefix) or key.endswith("/"):
+def is_index(key):
+    """An index file every rank reads (its name starts with a dot)."""
+    return key.rsplit("/", 1)[-1].startswith(".")
+
+
+def share(record, layout, host, rule):
+    """{local rel: (size, ETag, owned, key)} of the objects of `record`
+    that `host` restores under `rule` (`key`: the object's, from the bucket)."""
+    out = {}
+    for key, (size, etag, writer) in record.objects.items():
+        rel = layout.rel_of(host, key) if layout.shared or writer == host else None
+        if rel is None:
             continue
-        rel = key[len(prefix):]
-        parts = rel.split("/")
-        unit = parts[0] or rel
-        if any(part in ("", ".", "..") for part in parts):
-            skipped.setdefault(unit, "refused key %r: absolute, or a '.', '..' or empty "
-                               "component" % key)
-        elif unit.startswith(STAGING):
-            skipped.setdefault(unit, "the name is reserved for the restore's staging")
-        else:
-            files.setdefault(unit, []).append(rel)
-    complete = {}
-    for unit, rels in sorted(files.items()):
-        if unit in skipped:
-            continue
-        if unit in rels and len(rels) > 1:
-            skipped[unit] = "both a file and a directory"
-        elif marker and unit not in rels and "%s/%s" % (unit, marker) not in rels:
-            skipped[unit] = "no %s marker" % marker
-        else:
-            complete[unit] = sorted(rels)
-    return complete, skipped
+        if rule == "all" or writer == host or rel == record.unit or is_index(rel):
+            out[rel] = (size, etag, writer == host, layout.root + key)
+    return out
 
 
-def restore(client, bucket, prefix, local_dir, marker=None, concurrency=10):
-    """Restore the complete units under s3://`bucket`/`prefix` into
-    `local_dir`. Local units not in S3 are left alone, as SageMaker does; a
-    listing error is raised (nothing was written then). Every file of
-    every unit is downloaded at once, so that many small files go as fast
-    as a few large ones."""
+def restore(client, layout, local_dir, host, records, rule="own", concurrency=10):
+    """Restore this host's share of each Record of `records` into
+    `local_dir`; raises RestoreFailed naming the unit and the file."""
     start = time.monotonic()
     os.makedirs(local_dir, exist_ok=True)
-    listed = _list(client, bucket, prefix)
-    complete, skipped = units_of(listed, prefix, marker)
-    sizes = {key[len(prefix):]: obj["Size"] for key, obj in listed.items()}
-    kept = [unit for unit, rels in complete.items() if _same_here(local_dir, unit, rels, sizes)]
-    wanted = {unit: rels for unit, rels in complete.items() if unit not in kept}
     _sweep(local_dir)  # what a killed restore left
+    restored, kept, aside, objects, files, size = [], [], [], {}, 0, 0
     try:
-        failed = _download(client, bucket, prefix, local_dir, wanted, listed, concurrency)
-        for unit in wanted:
-            if unit not in failed:
-                try:
-                    _put_in_place(local_dir, unit)
-                except OSError as err:
-                    failed[unit] = str(err)
+        for record in records:
+            mine = share(record, layout, host, rule)
+            objects.update((rel, obj[:3]) for rel, obj in mine.items())
+            wanted, moved = _compare(local_dir, record.unit, mine)
+            if moved:
+                aside.append(moved)
+            if not wanted:
+                kept.append(record.unit)
+                continue
+            _download(client, layout, local_dir, record.unit, wanted, concurrency)
+            _put_in_place(local_dir, record.unit)
+            restored.append(record.unit)
+            files += len(wanted)
+            size += sum(obj[0] for obj in wanted.values())
     finally:
         _sweep(local_dir)
-    units = [unit for unit in wanted if unit not in failed]
-    here = units + kept
-    newest = max(here, default=None, key=lambda unit: (
-        max(listed[prefix + rel]["LastModified"] for rel in complete[unit]), unit))
-    objects = {rel: (sizes[rel], listed[prefix + rel]["ETag"].strip('"'))
-               for unit in here for rel in complete[unit]}
-    restored = [rel for unit in units for rel in complete[unit]]
-    return Restored(newest, tuple(units), len(restored), sum(sizes[rel] for rel in restored),
-                    time.monotonic() - start, tuple(sorted(skipped.items())),
-                    tuple(sorted(failed.items())), tuple(kept), objects)
+    from .commits import newest
+
+    here = {r.unit: r for r in records if r.unit in restored or r.unit in kept}
+    best = newest(here)
+    return Restored(best.unit if best else None, tuple(restored), files, size,
+                    time.monotonic() - start, tuple(kept), tuple(aside), (), objects)
 
 
-def _list(client, bucket, prefix):
-    """Every object under the prefix: key -> its listing entry."""
-    listed = {}
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        for obj in page.get("Contents", ()):
-            listed[obj["Key"]] = obj
-    return listed
-
-
-def _same_here(local_dir, unit, rels, sizes):
-    """Whether the dir holds `unit` with exactly its files, each of its listed
-    size: then it is not downloaded again."""
+def _local_files(local_dir, unit):
+    """{rel: path} of what the dir holds of `unit`."""
     root = os.path.join(local_dir, unit)
-    if rels == [unit]:
-        present = {unit: root} if os.path.isfile(root) else {}
-    else:
-        present = {}
-        for dirpath, _, names in os.walk(root):
-            for name in names:
-                path = os.path.join(dirpath, name)
-                present[os.path.relpath(path, local_dir).replace(os.sep, "/")] = path
+    if os.path.isfile(root) or os.path.islink(root):
+        return {unit: root}
+    found = {}
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            found[os.path.relpath(path, local_dir).replace(os.sep, "/")] = path
+    return found
+
+
+def _same(path, size, etag):
+    """Whether the file at `path` has this content (its size, and the ETag
+    its bytes give as the uploader sends them)."""
     try:
-        return set(present) == set(rels) and all(
-            os.path.getsize(present[rel]) == sizes[rel] for rel in rels)
-    except OSError:  # vanished, or a dangling link
+        if os.path.islink(path) or os.path.getsize(path) != size:
+            return False
+        if "-" in etag and size < MULTIPART_THRESHOLD:
+            return False
+        return expected_etag(path, size) == etag
+    except OSError:
         return False
 
 
-def _staged(local_dir, rel):
-    """Where the file `rel` is downloaded: in its unit's staging dir, or, for
-    a file at the root, as the staging path itself."""
-    unit, _, rest = rel.partition("/")
+def _compare(local_dir, unit, mine):
+    """(what to download, as `mine` has it, and where the local unit was
+    moved aside or None). A local unit whose files all match the share is
+    completed with what it lacks; one with a file of other content, or one
+    the share does not have, is moved aside first."""
+    here = _local_files(local_dir, unit)
+    target = os.path.join(local_dir, unit)
+    differs = [rel for rel, path in here.items()
+               if rel not in mine or not _same(path, *mine[rel][:2])]
+    if not differs and (here or not os.path.lexists(target)):
+        return {rel: obj for rel, obj in mine.items() if rel not in here}, None
+    if not os.path.lexists(target):
+        return dict(mine), None
+    moved = _move_aside(local_dir, unit)
+    return dict(mine), moved
+
+
+def _move_aside(local_dir, unit):
+    """Move the local `unit` into the aside dir (a suffix where that name is
+    taken); returns its new path relative to the dir."""
+    aside_dir = os.path.join(local_dir, ASIDE)
+    os.makedirs(aside_dir, exist_ok=True)
+    name, n = unit, 1
+    while os.path.lexists(os.path.join(aside_dir, name)):
+        n += 1
+        name = "%s.%d" % (unit, n)
+    os.replace(os.path.join(local_dir, unit), os.path.join(aside_dir, name))
+    return "%s/%s" % (ASIDE, name)
+
+
+def _staged(local_dir, unit, rel):
+    """Where the file `rel` of `unit` is downloaded: in the unit's staging
+    dir, or, for a file at the root, as the staging path itself."""
     staging = os.path.join(local_dir, STAGING + unit)
+    rest = rel[len(unit) + 1:]
     return os.path.join(staging, *rest.split("/")) if rest else staging
 
 
-def _download(client, bucket, prefix, local_dir, wanted, listed, concurrency):
-    """Download the files of the `wanted` units into their staging places;
-    returns {unit: error text} of the units that failed, whose staging the
-    caller sweeps away."""
+def _download(client, layout, local_dir, unit, wanted, concurrency):
+    """Download `wanted` {rel: (size, etag, owned, key)} into the unit's staging;
+    RestoreFailed naming the unit and file on any failure."""
     from s3transfer.manager import TransferConfig, TransferManager
     from s3transfer.subscribers import BaseSubscriber
 
-    class Listed(BaseSubscriber):
-        """Gives s3transfer the listed size and ETag, which spares a
-        HeadObject per file and pins a multipart download to that ETag."""
+    class Known(BaseSubscriber):
+        """Gives s3transfer the record's size and ETag: no HeadObject per
+        file, and a multipart download pinned to that ETag."""
 
-        def __init__(self, obj):
-            self.obj = obj
+        def __init__(self, size, etag):
+            self.size, self.etag = size, etag
 
         def on_queued(self, future, **kwargs):
-            future.meta.provide_transfer_size(self.obj["Size"])
-            future.meta.provide_object_etag(self.obj["ETag"])
+            future.meta.provide_transfer_size(self.size)
+            future.meta.provide_object_etag('"%s"' % self.etag)
 
     config = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD,
                             multipart_chunksize=MULTIPART_CHUNKSIZE,
                             max_request_concurrency=concurrency)
-    failed, transfers = {}, []
-    # On an interrupt, leaving the block cancels what is still in flight.
-    with TransferManager(client, config) as manager:
-        for unit, rels in wanted.items():
-            try:
-                for rel in rels:
-                    os.makedirs(os.path.dirname(_staged(local_dir, rel)), exist_ok=True)
-            except OSError as err:
-                failed[unit] = str(err)
-                continue
-            for rel in rels:
-                obj = listed[prefix + rel]
-                future = manager.download(bucket, obj["Key"], _staged(local_dir, rel),
-                                          subscribers=[Listed(obj)])
-                transfers.append((unit, rel, obj["Size"], future))
-        for unit, rel, size, future in transfers:
-            try:
+    transfers = []
+    try:
+        with TransferManager(client, config) as manager:
+            for rel, (size, etag, _, key) in sorted(wanted.items()):
+                path = _staged(local_dir, unit, rel)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                transfers.append((rel, size, path, manager.download(
+                    layout.bucket, key, path, subscribers=[Known(size, etag)])))
+            for rel, size, path, future in transfers:
                 future.result()
-                got = os.path.getsize(_staged(local_dir, rel))
-            except Exception as err:  # noqa: BLE001 - the unit fails, the others go on
-                failed.setdefault(unit, "%s: %s" % (rel, str(err) or type(err).__name__))
-                continue
-            if got != size:
-                failed.setdefault(unit, "%s: %d bytes downloaded, %d listed" % (rel, got, size))
-    return failed
+                if os.path.getsize(path) != size:
+                    raise RestoreFailed("%s: %s: %d bytes downloaded, %d committed"
+                                        % (unit, rel, os.path.getsize(path), size))
+    except RestoreFailed:
+        raise
+    except Exception as err:  # noqa: BLE001 - the unit fails whole
+        raise RestoreFailed("%s: %s" % (unit, str(err) or type(err).__name__)) from None
 
 
 def _put_in_place(local_dir, unit):
-    """Rename the staged `unit` into place, replacing what is there of that
-    name (a file is replaced atomically; a directory is removed first)."""
+    """Move the staged files of `unit` into place: a root file by one
+    rename; a directory's files each into the unit's dir (what is there
+    already matched the record)."""
     staging, target = os.path.join(local_dir, STAGING + unit), os.path.join(local_dir, unit)
-    if os.path.isdir(target) and not os.path.islink(target):
-        shutil.rmtree(target)
-    elif os.path.isdir(staging) and os.path.lexists(target):
-        os.unlink(target)
-    os.replace(staging, target)
+    if not os.path.isdir(staging):
+        os.replace(staging, target)
+        return
+    if not os.path.lexists(target):
+        os.replace(staging, target)
+        return
+    for dirpath, _, names in os.walk(staging):
+        for name in names:
+            rel = os.path.relpath(os.path.join(dirpath, name), staging)
+            dest = os.path.join(target, rel)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            os.replace(os.path.join(dirpath, name), dest)
 
 
 def _sweep(local_dir):
