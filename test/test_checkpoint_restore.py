@@ -1,80 +1,76 @@
-"""The checkpoint restore (training_toolkit.resilience.restore): how keys
-group into units, and restores from a moto server: byte for byte (a
-multipart download included), whole units only, a failed unit leaving
-nothing behind, units already here not downloaded again, the newest one
-by LastModified, and no staging left on an interrupt."""
-import datetime
+"""The job-wide commit records and the restore from them
+(training_toolkit.resilience.commits, restore, resume), against a moto
+server: which records count (whole, valid, inside their unit), what each
+host restores of a committed unit (`own`, `all`), byte for byte with a
+multipart download, local files compared by content (never by size
+alone) and a differing local unit moved aside, a failed or interrupted
+restore leaving no partial unit, and what the master plans."""
 import os
 import signal
 import threading
+import time
 
 import pytest
 
 from s3_fixtures import s3_client
-from training_toolkit.resilience.restore import STAGING, restore, units_of
+from training_toolkit.intermediate.verify import expected_etag
+from training_toolkit.resilience import commits
+from training_toolkit.resilience.restore import (ASIDE, STAGING, RestoreFailed, restore,
+                                                 share)
+from training_toolkit.resilience.resume import plan_units, uncovered
 
 pytestmark = pytest.mark.timeout(120)
 
-PREFIX = "run/ckpt/"
+ROOT = "run/ckpt/"
 BIG = 9 * 2**20 + 123  # over the 8 MiB threshold: a ranged (multipart) download
-
-
-# units_of: pure ------------------------------------------------------------
-
-
-def test_units_are_top_level_dirs_and_root_files():
-    keys = ["run/ckpt/step-1/model.pt", "run/ckpt/step-1/sub/deep/opt.pt", "run/ckpt/latest.pt",
-            "run/ckpt/", "run/ckpt/step-1/", "run/ckpt/empty/", "elsewhere/x"]
-    complete, skipped = units_of(keys, PREFIX)
-    assert complete == {"step-1": ["step-1/model.pt", "step-1/sub/deep/opt.pt"],
-                        "latest.pt": ["latest.pt"]}
-    assert skipped == {}
-
-
-def test_the_marker_gates_directories_not_root_files():
-    keys = ["step-1/a", "step-1/COMPLETE", "step-2/a", "step-3/sub/COMPLETE", "model.pt"]
-    complete, skipped = units_of(keys, "", "COMPLETE")
-    assert sorted(complete) == ["model.pt", "step-1"]
-    assert skipped == {"step-2": "no COMPLETE marker", "step-3": "no COMPLETE marker"}
-    assert sorted(units_of(keys, "")[0]) == ["model.pt", "step-1", "step-2", "step-3"]
-
-
-@pytest.mark.parametrize("bad", ["p/step-1/../../etc/x", "p/step-1/./a", "p/step-1//a",
-                                 "p/step-1/sub/.."])
-def test_a_key_that_could_escape_takes_its_unit_out(bad):
-    complete, skipped = units_of(["p/step-1/a", bad, "p/step-2/a"], "p/")
-    assert list(complete) == ["step-2"]
-    assert list(skipped) == ["step-1"] and repr(bad) in skipped["step-1"]
-
-
-def test_absolute_and_dot_dot_units_are_refused():
-    complete, skipped = units_of(["/etc/passwd", "../x", "ok"], "")
-    assert list(complete) == ["ok"]
-    assert sorted(skipped) == ["..", "/etc/passwd"]
-
-
-def test_staging_names_and_file_dir_clashes_are_refused():
-    complete, skipped = units_of([STAGING + "x/a", "m", "m/a", "n"], "")
-    assert list(complete) == ["n"]
-    assert skipped == {STAGING + "x": "the name is reserved for the restore's staging",
-                       "m": "both a file and a directory"}
-
-
-# restore against moto ------------------------------------------------------
+LAYOUT = commits.Layout("x", ROOT)
 
 
 @pytest.fixture
 def bucket(s3_server, request):
-    """A fresh bucket per test; yields (client, bucket)."""
+    """A fresh bucket per test; yields (client, layout)."""
     client = s3_client(s3_server)
     name = "restore-" + request.node.name.lower().replace("_", "-")[:40].strip("-")
     client.create_bucket(Bucket=name)
-    return client, name
+    return client, commits.Layout(name, ROOT)
 
 
-def put(client, bucket, files, prefix=PREFIX):
-    for rel, data in files.items():
-        client.put_object(Bucket=bucket, Key=prefix + rel, Body=data)
+def commit(client, layout, unit, parts, written_at=None, record_body=None):
+    """Upload each host's files of `unit` ({host: {rel: bytes}}) and write
+    the unit's commit record, as the master would; returns the Record."""
+    objects = {}
+    for host, files in parts.items():
+        part = {}
+        for rel, data in files.items():
+            key = layout.key_of(host, rel)
+            client.put_object(Bucket=layout.bucket, Key=layout.root + key, Body=data)
+            part[key] = (len(data), expected_etag_of(data), (host,))
+        commits.merge(objects, part)
+    record = commits.Record(unit, objects, written_at or time.time(), time.time(),
+                            tuple(sorted(parts)))
+    reply = client.put_object(Bucket=layout.bucket, Key=layout.commit_key(unit),
+                              Body=record_body if record_body is not None else record.to_json())
+    record.etag = reply["ETag"].strip('"')
+    return record
+
+
+def expected_etag_of(data):
+    import hashlib
+
+    if len(data) < 8 * 2**20:
+        return hashlib.md5(data).hexdigest()
+    return None  # multipart: filled in from the listing
+
+
+def fix_etags(client, layout, record):
+    """Multipart objects' ETags, as S3 gave them."""
+    listed = commits.list_objects(client, layout.bucket, layout.root)
+    for key, (size, etag, hosts) in list(record.objects.items()):
+        if etag is None:
+            record.objects[key] = (size, listed[layout.root + key]["ETag"].strip('"'), hosts)
+    client.put_object(Bucket=layout.bucket, Key=layout.commit_key(record.unit),
+                      Body=record.to_json())
+    return record
 
 
 def tree(root):
@@ -97,145 +93,162 @@ def record_gets(client):
     return gets
 
 
-def files_of(seed):
-    return {"step-1/model.pt": b"model-1" * 100, "step-1/sub/deep/opt.pt": b"opt-1",
-            "step-1/empty": b"", "step-2/big.bin": os.urandom(BIG), "latest.pt": seed}
+# the records ------------------------------------------------------------------
+
+
+def test_a_record_counts_only_when_whole_and_valid(bucket):
+    client, layout = bucket
+    good = commit(client, layout, "step-1", {"a": {"step-1/x": b"1", "step-1/COMPLETE": b""}})
+    commit(client, layout, "step-2", {"a": {"step-2/x": b"2"}})
+    client.delete_object(Bucket=layout.bucket, Key=ROOT + "step-2/x")       # torn since
+    commit(client, layout, "step-3", {"a": {"step-3/x": b"3"}})
+    client.put_object(Bucket=layout.bucket, Key=ROOT + "step-3/x", Body=b"4")  # changed since
+    commit(client, layout, "step-4", {"a": {"step-4/x": b"4"}}, record_body=b"{not json")
+    commit(client, layout, "step-5", {"a": {"step-5/x": b"5"}},
+           record_body=good.to_json().replace(b'"step-1"', b'"step-5"'))  # names step-1's
+    escape = commits.Record("step-6", {"../../other/x": (1, "e", ("a",))}, 1.0, 1.0, ("a",))
+    client.put_object(Bucket=layout.bucket, Key=layout.commit_key("step-6"),
+                      Body=escape.to_json())
+    records, skipped = commits.whole_records(client, layout)
+    assert sorted(records) == ["step-1"]
+    assert records["step-1"].objects == good.objects
+    assert "not whole" in skipped["step-2"] and "not whole" in skipped["step-3"]
+    assert "step-4.json is not valid JSON" in skipped["step-4"]
+    for unit in ("step-5", "step-6"):
+        assert "outside its unit" in skipped[unit], skipped[unit]
+        assert "s3://%s/%scommits/%s.json" % (layout.bucket, ROOT + ".training-toolkit/",
+                                              unit) in skipped[unit]
+
+
+def test_parse_record_refuses_what_is_not_a_record():
+    where, unit = "s3://b/k", "step-1"
+    for body in (b"[]", b'{"format": 2}', b'{"format": 1, "unit": "step-1", "objects": {}}',
+                 b'{"format": 1, "unit": "step-1", "hosts": ["a"], "objects": {"step-1/x": '
+                 b'{"size": 1, "etag": "e"}}, "written_at": 1, "committed_at": 1}'):
+        with pytest.raises(commits.BadRecord) as e:
+            commits.parse_record(body, where, unit, LAYOUT)
+        assert where in str(e.value)
+
+
+def test_a_name_every_host_wrote_with_the_same_bytes_is_each_ones():
+    objects = {}
+    commits.merge(objects, {"s/COMPLETE": (0, "d41d", ("a",)), "s/a": (1, "x", ("a",))})
+    commits.merge(objects, {"s/COMPLETE": (0, "d41d", ("b",)), "s/b": (1, "y", ("b",))})
+    commits.merge(objects, {"s/a": (2, "z", ("b",))})  # other bytes: the last writer's
+    assert objects == {"s/COMPLETE": (0, "d41d", ("a", "b")), "s/a": (2, "z", ("b",)),
+                       "s/b": (1, "y", ("b",))}
+
+
+# what a host restores -----------------------------------------------------------
+
+
+def test_each_host_restores_its_own_part_the_index_and_the_shared_names():
+    record = commits.Record("step-1", {
+        "step-1/__0_0.distcp": (10, "e0", ("algo-1",)),
+        "step-1/__1_0.distcp": (10, "e1", ("algo-2",)),
+        "step-1/.metadata": (5, "em", ("algo-1",)),
+        "step-1/COMPLETE": (0, "ec", ("algo-1", "algo-2")),
+    }, 1.0, 2.0, ("algo-1", "algo-2"))
+    own2 = share(record, LAYOUT, "algo-2", "own")
+    assert sorted(own2) == ["step-1/.metadata", "step-1/COMPLETE", "step-1/__1_0.distcp"]
+    assert own2["step-1/__1_0.distcp"][2] is True and own2["step-1/.metadata"][2] is False
+    assert sorted(share(record, LAYOUT, "algo-2", "all")) == sorted(
+        ["step-1/.metadata", "step-1/COMPLETE", "step-1/__0_0.distcp", "step-1/__1_0.distcp"])
+    root_file = commits.Record("last.pt", {"last.pt": (3, "e", ("algo-1",))}, 1.0, 2.0,
+                               ("algo-1",))
+    assert sorted(share(root_file, LAYOUT, "algo-2", "own")) == ["last.pt"]
+
+
+def test_under_a_prefix_per_host_each_restores_its_own_prefix(bucket, tmp_path):
+    client, _ = bucket
+    layout = commits.Layout(bucket[1].bucket, ROOT, "{host}/")
+    record = commit(client, layout, "step-1", {"algo-1": {"step-1/a": b"1"},
+                                               "algo-2": {"step-1/b": b"2"}})
+    records, _ = commits.whole_records(client, layout)
+    assert sorted(records) == ["step-1"]
+    r = restore(client, layout, str(tmp_path / "c2"), "algo-2", [record], "all")
+    assert tree(tmp_path / "c2") == {"step-1/b": b"2"}
+    assert r.objects == {"step-1/b": (1, record.objects["algo-2/step-1/b"][1], True)}
 
 
 def test_restores_byte_for_byte_with_a_multipart_download(bucket, tmp_path):
-    client, name = bucket
-    files = files_of(b"latest")
-    put(client, name, files)
-    client.put_object(Bucket=name, Key=PREFIX + "step-1/", Body=b"")  # a folder placeholder
+    client, layout = bucket
+    files = {"step-2/big.bin": os.urandom(BIG), "step-2/sub/deep/opt.pt": b"opt",
+             "step-2/empty": b""}
+    record = fix_etags(client, layout, commit(client, layout, "step-2", {"algo-1": files}))
     gets = record_gets(client)
-    local = tmp_path / "ckpt"
-    r = restore(client, name, PREFIX, str(local))
-    assert tree(local) == files
-    assert sorted(r.units) == ["latest.pt", "step-1", "step-2"]
-    assert (r.files, r.bytes) == (len(files), sum(map(len, files.values())))
-    assert r.skipped == r.failed == r.kept == ()
+    r = restore(client, layout, str(tmp_path / "ckpt"), "algo-1", [record])
+    assert tree(tmp_path / "ckpt") == files
+    assert (r.units, r.checkpoint, r.files) == (("step-2",), "step-2", 3)
+    assert r.bytes == sum(map(len, files.values()))
     assert sum(1 for key, rng in gets if key.endswith("big.bin") and rng) == 2
-    etags = {o["Key"][len(PREFIX):]: (o["Size"], o["ETag"].strip('"'))
-             for o in client.list_objects_v2(Bucket=name, Prefix=PREFIX)["Contents"]
-             if not o["Key"].endswith("/")}
-    assert r.objects == etags
+    assert not any(key.endswith(".json") for key, _ in gets)  # the record's sizes and ETags
+    assert r.objects == {rel: (size, etag, True) for rel, (size, etag, _) in
+                         ((k, v) for k, v in record.objects.items())}
     status = r.status()
-    assert "objects" not in status and status["files"] == len(files)
+    assert "objects" not in status and status["files"] == 3
 
 
-def test_an_incomplete_directory_is_never_restored(bucket, tmp_path):
-    client, name = bucket
-    put(client, name, {"step-1/a": b"1", "step-1/COMPLETE": b"", "step-2/a": b"2",
-                       "model.pt": b"m"})
+def test_a_local_file_of_the_same_size_and_other_bytes_is_not_kept(bucket, tmp_path):
+    client, layout = bucket
+    record = commit(client, layout, "step-1", {"algo-1": {"step-1/a": b"right", "step-1/b": b"b"}})
     local = tmp_path / "ckpt"
-    (local / "mine").mkdir(parents=True)
-    (local / "mine" / "x").write_bytes(b"local only")
-    r = restore(client, name, PREFIX, str(local), marker="COMPLETE")
-    assert sorted(r.units) == ["model.pt", "step-1"]
-    assert r.skipped == (("step-2", "no COMPLETE marker"),)
-    assert tree(local) == {"step-1/a": b"1", "step-1/COMPLETE": b"", "model.pt": b"m",
-                           "mine/x": b"local only"}
-    assert "step-2/a" not in r.objects
+    (local / "step-1").mkdir(parents=True)
+    (local / "step-1" / "a").write_bytes(b"wrong")  # the same size
+    (local / "step-1" / "b").write_bytes(b"b")
+    r = restore(client, layout, str(local), "algo-1", [record])
+    assert tree(local / "step-1") == {"a": b"right", "b": b"b"}
+    assert r.units == ("step-1",) and r.kept == ()
+    assert r.aside == (ASIDE + "/step-1",)
+    assert tree(local / ASIDE / "step-1") == {"a": b"wrong", "b": b"b"}  # moved, never deleted
 
 
-def test_a_unit_deleted_after_the_listing_fails_alone(s3_server, bucket, tmp_path):
-    client, name = bucket
-    put(client, name, {"step-1/a": b"1", "step-2/a": b"2", "step-2/b": b"gone"})
-    other = s3_client(s3_server)
-
-    def delete_after_listing(**kwargs):
-        other.delete_object(Bucket=name, Key=PREFIX + "step-2/b")
-
-    client.meta.events.register("after-call.s3.ListObjectsV2", delete_after_listing)
+def test_a_local_unit_with_a_file_the_record_lacks_is_moved_aside(bucket, tmp_path):
+    client, layout = bucket
+    record = commit(client, layout, "step-1", {"algo-1": {"step-1/a": b"a"}})
     local = tmp_path / "ckpt"
-    r = restore(client, name, PREFIX, str(local))
-    assert r.units == ("step-1",) and r.checkpoint == "step-1"
-    assert [unit for unit, _ in r.failed] == ["step-2"] and "step-2/b" in r.failed[0][1]
-    assert tree(local) == {"step-1/a": b"1"}
-    assert sorted(os.listdir(local)) == ["step-1"]
+    (local / "step-1").mkdir(parents=True)
+    (local / "step-1" / "a").write_bytes(b"a")
+    (local / "step-1" / "half-written").write_bytes(b"x")
+    (local / ASIDE / "step-1").mkdir(parents=True)  # moved aside before: a new name
+    r = restore(client, layout, str(local), "algo-1", [record])
+    assert tree(local / "step-1") == {"a": b"a"}
+    assert r.aside == (ASIDE + "/step-1.2",)
 
 
-def test_a_failed_part_leaves_the_local_unit_as_it_was(bucket, tmp_path):
-    client, name = bucket
-    put(client, name, {"step-1/a": b"1", "step-2/big.bin": os.urandom(BIG), "step-2/c": b"c"})
+def test_a_matching_local_unit_is_kept_and_what_it_lacks_fetched(bucket, tmp_path):
+    client, layout = bucket
+    record = commit(client, layout, "step-1", {"algo-1": {"step-1/.metadata": b"m"},
+                                               "algo-2": {"step-1/own": b"o" * 100}})
     local = tmp_path / "ckpt"
-    (local / "step-2").mkdir(parents=True)
-    (local / "step-2" / "old").write_bytes(b"older step-2")
-
-    def fail_second_part(params, **kwargs):
-        if params.get("Range", "").startswith("bytes=%d-" % (8 * 2**20)):
-            raise RuntimeError("injected")
-
-    client.meta.events.register("before-parameter-build.s3.GetObject", fail_second_part)
-    r = restore(client, name, PREFIX, str(local))
-    assert r.units == ("step-1",)
-    assert r.failed == (("step-2", "step-2/big.bin: injected"),)
-    assert tree(local) == {"step-1/a": b"1", "step-2/old": b"older step-2"}
-    assert not [n for n in os.listdir(local) if n.startswith(STAGING)]
-
-
-def test_units_already_here_are_kept_and_a_differing_one_replaced(bucket, tmp_path):
-    client, name = bucket
-    files = {"step-1/a": b"1" * 10, "step-2/a": b"2" * 10, "step-2/sub/b": b"b", "m.pt": b"m"}
-    put(client, name, files)
-    local = tmp_path / "ckpt"
-    first = restore(client, name, PREFIX, str(local))
+    (local / "step-1").mkdir(parents=True)
+    (local / "step-1" / "own").write_bytes(b"o" * 100)
     gets = record_gets(client)
-    again = restore(client, name, PREFIX, str(local))
-    assert gets == [] and again.units == () and (again.files, again.bytes) == (0, 0)
-    assert sorted(again.kept) == ["m.pt", "step-1", "step-2"]
-    assert again.objects == first.objects and again.checkpoint is not None
-
-    (local / "step-1" / "a").write_bytes(b"torn")  # another size
-    (local / "step-2" / "extra").write_bytes(b"x")  # a file S3 does not have
-    (local / "m.pt").write_bytes(b"n")  # same size: taken as the same
-    r = restore(client, name, PREFIX, str(local))
-    assert sorted(r.units) == ["step-1", "step-2"] and r.kept == ("m.pt",)
-    assert sorted(key for key, _ in gets) == [PREFIX + "step-1/a", PREFIX + "step-2/a",
-                                              PREFIX + "step-2/sub/b"]
-    assert tree(local) == dict(files, **{"m.pt": b"n"})
+    r = restore(client, layout, str(local), "algo-2", [record])
+    assert tree(local / "step-1") == {".metadata": b"m", "own": b"o" * 100}
+    assert [key for key, _ in gets] == [ROOT + "step-1/.metadata"]
+    assert r.units == ("step-1",) and r.files == 1 and r.aside == ()
+    gets.clear()
+    r = restore(client, layout, str(local), "algo-2", [record])
+    assert r.kept == ("step-1",) and r.units == () and gets == []
 
 
-def test_a_local_file_or_dir_of_another_kind_is_replaced(bucket, tmp_path):
-    client, name = bucket
-    put(client, name, {"step-1/a": b"1", "m.pt": b"m"})
+def test_a_failed_download_fails_its_unit_naming_it_and_leaves_nothing(bucket, tmp_path):
+    client, layout = bucket
+    record = commit(client, layout, "step-1", {"algo-1": {"step-1/a": b"a", "step-1/b": b"b"}})
+    client.delete_object(Bucket=layout.bucket, Key=ROOT + "step-1/b")  # gone since
     local = tmp_path / "ckpt"
-    (local / "m.pt").mkdir(parents=True)
-    (local / "m.pt" / "x").write_bytes(b"x")
-    (local / "step-1").write_bytes(b"a file")
-    r = restore(client, name, PREFIX, str(local))
-    assert sorted(r.units) == ["m.pt", "step-1"] and r.failed == ()
-    assert tree(local) == {"step-1/a": b"1", "m.pt": b"m"}
-
-
-def test_the_newest_checkpoint_is_by_last_modified_not_by_name(bucket, tmp_path):
-    client, name = bucket
-    put(client, name, {"step-9/a": b"9", "step-10/a": b"10", "step-10/b": b"10",
-                       "latest.pt": b"l"})
-    base = datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc)
-    stamps = {"step-9/a": 1, "step-10/a": 2, "step-10/b": 30, "latest.pt": 20}
-
-    def set_last_modified(parsed, **kwargs):
-        for obj in parsed.get("Contents", ()):
-            seconds = stamps[obj["Key"][len(PREFIX):]]
-            obj["LastModified"] = base + datetime.timedelta(seconds=seconds)
-
-    client.meta.events.register("after-call.s3.ListObjectsV2", set_last_modified)
-    assert restore(client, name, PREFIX, str(tmp_path / "a")).checkpoint == "step-10"
-    stamps["latest.pt"] = 40
-    assert restore(client, name, PREFIX, str(tmp_path / "b")).checkpoint == "latest.pt"
-
-
-def test_an_empty_prefix_restores_nothing(bucket, tmp_path):
-    client, name = bucket
-    r = restore(client, name, PREFIX, str(tmp_path / "ckpt"))
-    assert (r.checkpoint, r.units, r.files, r.objects) == (None, (), 0, {})
-    assert os.listdir(tmp_path / "ckpt") == []
+    with pytest.raises(RestoreFailed) as e:
+        restore(client, layout, str(local), "algo-1", [record])
+    assert "step-1" in str(e.value)
+    assert os.listdir(local) == []
 
 
 def test_an_interrupt_leaves_no_staging_and_no_partial_unit(bucket, tmp_path):
-    client, name = bucket
-    put(client, name, {"step-1/big.bin": os.urandom(BIG), "step-1/a": b"a", "step-2/a": b"2"})
+    client, layout = bucket
+    record = commit(client, layout, "step-1", {"algo-1": {"step-1/big.bin": os.urandom(BIG),
+                                                          "step-1/a": b"a"}})
+    record = fix_etags(client, layout, record)
     main = threading.main_thread().ident
     sent = threading.Event()
 
@@ -249,6 +262,23 @@ def test_an_interrupt_leaves_no_staging_and_no_partial_unit(bucket, tmp_path):
     local.mkdir()
     (local / (STAGING + "step-0")).mkdir()  # what a killed restore left
     with pytest.raises(KeyboardInterrupt):
-        restore(client, name, PREFIX, str(local))
+        restore(client, layout, str(local), "algo-1", [record])
     assert sent.is_set()
     assert os.listdir(local) == []
+
+
+# what the master plans ------------------------------------------------------------
+
+
+def test_the_plan_is_the_newest_directory_by_its_record_and_every_root_file(bucket):
+    client, layout = bucket
+    commit(client, layout, "step-9", {"a": {"step-9/x": b"9"}}, written_at=100.0)
+    commit(client, layout, "step-10", {"a": {"step-10/x": b"10"}}, written_at=200.0)
+    commit(client, layout, "last.pt", {"a": {"last.pt": b"l"}}, written_at=50.0)
+    client.put_object(Bucket=layout.bucket, Key=ROOT + "step-11/x", Body=b"by hand")
+    client.put_object(Bucket=layout.bucket, Key=ROOT + ".training-toolkit-attempts.json",
+                      Body=b"{}")
+    listed = commits.list_objects(client, layout.bucket, layout.root)
+    records, _ = commits.whole_records(client, layout, listed)
+    assert [r.unit for r in plan_units(records, layout)] == ["last.pt", "step-10"]
+    assert uncovered(listed, layout, records) == ["step-11"]

@@ -100,7 +100,8 @@ class Layout:
 @dataclasses.dataclass
 class Record:
     """A commit record: `objects` maps each key (relative to the root) to
-    (size, ETag, host)."""
+    (size, ETag, the hosts that wrote it: several where each wrote the same
+    name with the same bytes, a COMPLETE marker)."""
 
     unit: str
     objects: dict
@@ -113,7 +114,7 @@ class Record:
         return json.dumps({
             "format": FORMAT, "unit": self.unit, "written_at": self.written_at,
             "committed_at": self.committed_at, "hosts": list(self.hosts),
-            "objects": {k: {"size": s, "etag": e, "host": h}
+            "objects": {k: {"size": s, "etag": e, "hosts": list(h)}
                         for k, (s, e, h) in sorted(self.objects.items())}},
             indent=1).encode()
 
@@ -147,8 +148,11 @@ def parse_record(body, where, unit, layout):
         raise BadRecord("%s: its unit, objects or hosts are missing or wrong" % where)
     out = {}
     for key, obj in objects.items():
-        host = obj.get("host") if isinstance(obj, dict) else None
-        rel = layout.rel_of(host, key) if isinstance(host, str) else None
+        writers = obj.get("hosts") if isinstance(obj, dict) else None
+        if not isinstance(writers, list) or not writers or not all(
+                isinstance(h, str) for h in writers):
+            raise BadRecord("%s: object %r names no host that wrote it" % (where, key))
+        rel = layout.rel_of(writers[0], key)
         if not _relative_path(key) or rel is None or RESERVED in key.split("/") or not (
                 rel == unit or rel.startswith(unit + "/")):
             raise BadRecord("%s names an object outside its unit %s under s3://%s/%s: %r"
@@ -156,12 +160,23 @@ def parse_record(body, where, unit, layout):
         size, etag = obj.get("size"), obj.get("etag")
         if type(size) is not int or size < 0 or not isinstance(etag, str):
             raise BadRecord("%s: object %r has no size or ETag" % (where, key))
-        out[key] = (size, etag, host)
+        out[key] = (size, etag, tuple(writers))
     try:
         written, committed = float(doc["written_at"]), float(doc["committed_at"])
     except (KeyError, TypeError, ValueError):
         raise BadRecord("%s: written_at or committed_at is missing" % where) from None
     return Record(unit, out, written, committed, tuple(hosts))
+
+
+def merge(objects, part):
+    """Add a host's `part` to a unit's `objects`: a name another host wrote
+    with the same bytes counts both as its writers; with other bytes, the
+    last part read wins (the last writer's upload is what S3 holds)."""
+    for key, (size, etag, hosts) in part.items():
+        known = objects.get(key)
+        if known is not None and known[:2] == (size, etag):
+            hosts = tuple(sorted(set(known[2]) | set(hosts)))
+        objects[key] = (size, etag, hosts)
 
 
 def list_objects(client, bucket, prefix):
@@ -266,7 +281,7 @@ class Committer:
 
     def part_durable(self, unit, objects, written_at, root_file=False):
         """This host's part of `unit`, {local rel: (size, ETag)}, is in S3."""
-        part = {self.layout.key_of(self.host, rel): (size, etag, self.host)
+        part = {self.layout.key_of(self.host, rel): (size, etag, (self.host,))
                 for rel, (size, etag) in objects.items()}
         with self._cond:
             self._mine[unit] = part
@@ -332,8 +347,8 @@ class Committer:
                        s for s, _, _ in part.values())} for unit, part in self._mine.items()}}
             if record is not None:
                 out["newest_committed"]["parts"] = {
-                    host: {"files": sum(1 for *_, h in record.objects.values() if h == host),
-                           "bytes": sum(s for s, _, h in record.objects.values() if h == host)}
+                    host: {"files": sum(1 for *_, h in record.objects.values() if host in h),
+                           "bytes": sum(s for s, _, h in record.objects.values() if host in h)}
                     for host in record.hosts}
             if self._pending:
                 out["uncommitted"] = {unit: {"waiting_for": self._missing(unit)}
@@ -456,15 +471,15 @@ class Committer:
                                                     Key=key)["Body"].read())
             states[host] = doc.get("state")
             if doc.get("state") == "durable":
-                objects.update((k, (o["size"], o["etag"], host))
-                               for k, o in doc["objects"].items())
+                merge(objects, {k: (o["size"], o["etag"], (host,))
+                                for k, o in doc["objects"].items()})
                 written.append(doc.get("written_at") or 0.0)
         with self._cond:
             self._states[unit] = states
             seen = self._pending.get(unit)
             mine = self._mine.get(unit)
             if mine is not None:
-                objects.update(mine)
+                merge(objects, mine)
                 written.append(self._written[unit])
             missing = self._missing(unit)
         if seen is None or not objects:

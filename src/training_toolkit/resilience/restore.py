@@ -5,7 +5,8 @@ What is restored is decided for the whole job (cluster/checkpoint_plan.py):
 the newest committed directory unit and every committed file at the root,
 each as its commit record (resilience/commits.py) lists it. This host
 restores its share of each (`share`): under `own`, the default, the
-objects it wrote itself, every object of a root file, and the unit's index
+objects it wrote itself (a name every host wrote, a COMPLETE marker, is
+each one's), every object of a root file, and the unit's index
 files (a name starting with "."; torch.distributed.checkpoint's
 `.metadata`); under `all`, every object. A file already here is kept only
 when its content is the record's (size and ETag, computed from the bytes);
@@ -69,12 +70,13 @@ def share(record, layout, host, rule):
     """{local rel: (size, ETag, owned, key)} of the objects of `record`
     that `host` restores under `rule` (`key`: the object's, from the bucket)."""
     out = {}
-    for key, (size, etag, writer) in record.objects.items():
-        rel = layout.rel_of(host, key) if layout.shared or writer == host else None
+    for key, (size, etag, writers) in record.objects.items():
+        mine = host in writers
+        rel = layout.rel_of(host, key) if layout.shared or mine else None
         if rel is None:
             continue
-        if rule == "all" or writer == host or rel == record.unit or is_index(rel):
-            out[rel] = (size, etag, writer == host, layout.root + key)
+        if rule == "all" or mine or rel == record.unit or is_index(rel):
+            out[rel] = (size, etag, mine, layout.root + key)
     return out
 
 

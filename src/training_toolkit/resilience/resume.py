@@ -23,7 +23,7 @@ def plan_units(records, layout):
     """The Records to restore: the newest directory unit, and every file at
     the root (a unit whose one object is the unit itself)."""
     files = [r for r in records.values() if len(r.objects) == 1 and all(
-        layout.rel_of(h, k) == r.unit for k, (_, _, h) in r.objects.items())]
+        layout.rel_of(h[0], k) == r.unit for k, (_, _, h) in r.objects.items())]
     dirs = {u: r for u, r in records.items() if r not in files}
     best = commits.newest(dirs)
     return sorted(files + ([best] if best else []), key=lambda r: r.unit)
