@@ -175,10 +175,13 @@ class FaultyProxy:
     ``release()``, so the client blocks while it sends the body (the
     proxy's receive buffer is kept small for that). ``wait_held(n)`` waits
     until n requests are held.
+
+    With ``upload_delay_s``, each chunk (up to 256 KiB) the client sends
+    waits that long before it goes on: slow uploads.
     """
 
     def __init__(self, upstream, reset_share=0.0, stall_share=0.0, fault_after_bytes=64 * 1024,
-                 seed=0, hold=None):
+                 seed=0, hold=None, upload_delay_s=0.0):
         host, port = upstream.split("//", 1)[-1].rstrip("/").rsplit(":", 1)
         self.upstream = (host, int(port))
         self.reset_share = reset_share
@@ -192,6 +195,7 @@ class FaultyProxy:
         self._closed = threading.Event()
         self._sockets = set()
         self.hold = hold
+        self.upload_delay_s = upload_delay_s
         self.held = 0
         self._held_changed = threading.Condition(self._lock)
         self._released = threading.Event()
@@ -282,6 +286,8 @@ class FaultyProxy:
                         client.sendall(data[: self.fault_after_bytes - sent_back])
                         self._inject(client, fate)
                         return
+                    if src is client and self.upload_delay_s:
+                        time.sleep(self.upload_delay_s)
                     peer[src].sendall(data)
                     if src is upstream:
                         sent_back += len(data)
