@@ -201,3 +201,213 @@ def test_a_torn_step_is_never_committed_and_every_host_resumes_from_the_last_who
                                                                         errors[host])
             restore = json.loads(cj.read(host, "output", "status.json"))["checkpoints"]["restore"]
             assert restore["units"] == ["step-1"] and restore["files"] == 2, restore
+
+
+# -- torch.distributed.checkpoint -----------------------------------------------
+
+# 2 hosts x 2 ranks save with dcp.save every step, each rank its own tensor
+# (`w<rank>`), into step-N/ of its host's dir: the shards where their ranks
+# run, `.metadata` on the coordinator's host alone; each host's local rank 0
+# writes the marker after a barrier. The later phases load the newest
+# committed step with dcp.load: the same keys per rank (`same`), or each
+# rank of a 2 x 1 job two of the four (`reshard`), and compare.
+DCP = PRELUDE + """
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+def value(key, step):
+    return torch.arange(4096, dtype=torch.float32) * (step + 1) + int(key[1:])
+
+dist.init_process_group("gloo")
+rank, world, local = dist.get_rank(), dist.get_world_size(), int(os.environ["LOCAL_RANK"])
+if PHASE == "first":
+    for step in range(1, 200):
+        dcp.save({"w%d" % rank: value("w%d" % rank, step)},
+                 checkpoint_id=os.path.join(D, "step-%d" % step))
+        dist.barrier()
+        if local == 0:
+            touch(os.path.join(D, "step-%d" % step, "COMPLETE"))
+        note("step-%d" % rank, step)
+        time.sleep(0.3)
+else:
+    resume = resume_point()
+    step = int(resume.rsplit("-", 1)[1])
+    keys = ["w%d" % rank] if PHASE == "same" else ["w%d" % (2 * rank), "w%d" % (2 * rank + 1)]
+    state = {k: torch.zeros(4096) for k in keys}
+    dcp.load(state, checkpoint_id=resume)
+    note("loaded-%d" % rank, {"step": step, "keys": keys,
+                              "equal": all(torch.equal(state[k], value(k, step)) for k in keys)})
+dist.destroy_process_group()
+"""
+
+
+def test_torch_distributed_checkpoint_resumes_at_one_step_on_every_rank(tmp_path, s3_server):
+    pytest.importorskip("torch")
+    require_cluster()
+    from training_toolkit.distributed import Torchrun
+
+    bucket = "dcp-%d" % os.getpid()
+    client = s3_client(s3_server)
+    client.create_bucket(Bucket=bucket)
+
+    def run(name, phase, per_host, **extra):
+        shared = tmp_path / name / "shared"
+        shared.mkdir(parents=True)
+        cj = ClusterJob(tmp_path / name, 2, {"train.py": DCP},
+                        distributed=Torchrun(process_count_per_node=per_host))
+        cj.__enter__()
+        cj.start(**cluster_env(cj, s3_server, bucket, TT_SHARED=str(shared), TT_PHASE=phase,
+                               **extra))
+        return cj
+
+    cj = run("first", "first", 2)
+    try:
+        deadline = time.monotonic() + 240
+        while not whole_commits(client, bucket)[2:]:  # three steps committed: kill a host
+            assert time.monotonic() < deadline and all(
+                r.proc.poll() is None for r in cj.runs.values()), errors_of(cj)
+            time.sleep(0.1)
+        kill_host(cj, "algo-2")
+        cj.wait(timeout=120, hosts=["algo-1"])
+        assert cj.codes()["algo-1"] == 79, errors_of(cj)["algo-1"]
+    finally:
+        cj.__exit__(None, None, None)
+    whole = whole_commits(client, bucket)
+    newest = max(int(u.split("-")[1]) for u in whole)
+    for phase, per_host, ranks, extra in (
+            ("same", 2, 4, {}),
+            ("reshard", 1, 2, {"TRAINING_TOOLKIT_CHECKPOINT_RESTORE": "all"})):
+        cj = run(phase, phase, per_host, **extra)
+        try:
+            cj.wait(timeout=240)
+            errors = errors_of(cj)
+            assert cj.codes() == {"algo-1": 0, "algo-2": 0}, errors
+            loaded = {}
+            for rank in range(ranks):
+                host = cj.hosts[rank // per_host]
+                loaded[rank] = json.loads(cj.read(host, "model", "loaded-%d.json" % rank))
+            assert {r: (v["step"], v["equal"]) for r, v in loaded.items()} == {
+                r: (newest, True) for r in range(ranks)}, (loaded, errors)
+            restored = {h: json.loads(cj.read(h, "output", "status.json"))["checkpoints"][
+                "restore"] for h in cj.hosts}
+            files = {h: sorted(os.listdir(cj.path(h, "checkpoints", "step-%d" % newest)))
+                     for h in cj.hosts}
+        finally:
+            cj.__exit__(None, None, None)
+        if phase == "same":  # each host its own shards, the coordinator's index, its marker
+            assert files == {"algo-1": [".metadata", "COMPLETE", "__0_0.distcp", "__1_0.distcp"],
+                             "algo-2": [".metadata", "COMPLETE", "__2_0.distcp",
+                                        "__3_0.distcp"]}, files
+        else:  # every host every shard
+            assert files["algo-1"] == files["algo-2"] == [
+                ".metadata", "COMPLETE", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp",
+                "__3_0.distcp"], files
+        assert {h: r["checkpoint"] for h, r in restored.items()} == {
+            h: "step-%d" % newest for h in restored}, restored
+
+
+# -- the hosts agree -------------------------------------------------------------
+
+# Any code that runs says so: none may, when one host cannot restore.
+STARTED = PRELUDE + """
+touch(os.path.join(SHARED, "started-" + HOST))
+"""
+
+
+def test_a_host_that_cannot_reach_s3_at_start_keeps_every_host_from_starting(tmp_path,
+                                                                              s3_server):
+    require_cluster()
+    from training_toolkit.resilience import commits
+
+    bucket = "agree-%d" % os.getpid()
+    client = s3_client(s3_server)
+    client.create_bucket(Bucket=bucket)
+    layout = commits.Layout(bucket, "ckpt/")
+    objects = {}
+    for host in ("algo-1", "algo-2"):  # step-1, committed for the job, as the master does
+        key = "step-1/shard-%s.bin" % host
+        reply = client.put_object(Bucket=bucket, Key="ckpt/" + key, Body=host.encode())
+        objects[key] = (len(host), reply["ETag"].strip('"'), (host,))
+    client.put_object(Bucket=bucket, Key=layout.commit_key("step-1"), Body=commits.Record(
+        "step-1", objects, time.time(), time.time(), ("algo-1", "algo-2")).to_json())
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    # algo-2 reaches S3 through the fault proxy, which resets every connection.
+    with FaultyProxy(s3_server, reset_share=1.0, fault_after_bytes=0) as proxy, \
+            ClusterJob(tmp_path, 2, {"train.py": STARTED}) as cj:
+        env = cluster_env(cj, s3_server, bucket, TT_SHARED=str(shared), TT_PHASE="x")
+        gateway, port = cj.cluster.expose(int(proxy.url.rsplit(":", 1)[1]))
+        cj.start(env_of=lambda h: {"S3_ENDPOINT_URL": "http://%s:%d" % (gateway, port)}
+                 if h == "algo-2" else {}, **env)
+        cj.wait(timeout=180)
+        errors = errors_of(cj)
+        assert proxy.resets > 0
+        assert cj.codes() == {"algo-1": 75, "algo-2": 75}, errors
+        for host in cj.hosts:
+            failure = cj.read(host, "output", "failure")
+            assert "algo-2: cannot reach s3://%s/ckpt to restore step-1" % bucket in failure, (
+                host, failure)
+            assert not os.path.exists(cj.path(host, "checkpoints", "step-1", "shard-algo-1.bin")) \
+                or host == "algo-1"
+        assert sorted(os.listdir(shared)) == [], "user code ran: %s" % os.listdir(shared)
+
+
+# -- deletes -----------------------------------------------------------------------
+
+# Keeps only its newest step: each save is followed by the delete of the
+# step before it, while the new step's uploads are still on their way (they
+# are slowed), and a step of training takes longer than a step's uploads.
+ROTATE = """
+import os, shutil, time
+D = os.environ["TRAINING_TOOLKIT_CHECKPOINT_DIR"]
+for step in range(1, 9):
+    d = os.path.join(D, "step-%d" % step)
+    os.makedirs(d)
+    for name in ("model.bin", "optim.bin"):
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(bytes([step]) * 300000)
+    open(os.path.join(d, "COMPLETE"), "w").close()
+    if step > 1:
+        shutil.rmtree(os.path.join(D, "step-%d" % (step - 1)))
+    time.sleep(1.0)
+"""
+
+
+def test_a_rotation_that_keeps_one_step_never_leaves_s3_without_a_whole_checkpoint(
+        tmp_path, s3_server):
+    from jobs import Job
+
+    bucket = "rotate-%d" % os.getpid()
+    client = s3_client(s3_server)
+    client.create_bucket(Bucket=bucket)
+    seen, violations, stop = [], [], threading.Event()
+
+    def watch():
+        cache = {}
+        while not stop.is_set():
+            whole = whole_commits(client, bucket, cache=cache)
+            if seen and not whole:
+                violations.append(seen[-1])
+            if whole or seen:
+                seen.append(whole)
+
+    with FaultyProxy(s3_server, upload_delay_s=0.1) as proxy:
+        job = Job(tmp_path, {"train.py": ROTATE})
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            r = job.run(env=job.env(S3_ENDPOINT_URL=proxy.url,
+                                    TRAINING_TOOLKIT_CHECKPOINT_S3_URI="s3://%s/ckpt" % bucket,
+                                    TRAINING_TOOLKIT_CHECKPOINT_COMPLETE="COMPLETE"),
+                        timeout=240)
+        finally:
+            stop.set()
+            watcher.join(30)
+    assert r.returncode == 0, r.stderr.decode()[-3000:]
+    assert violations == [], ("S3 held no whole committed checkpoint after", violations)
+    assert len(seen) > 20 and {u for w in seen for u in w} >= {"step-1", "step-8"}, seen
+    assert whole_commits(client, bucket) == ["step-8"]
+    data = sorted(o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="ckpt/step-")[
+        "Contents"])
+    assert data == ["ckpt/step-8/COMPLETE", "ckpt/step-8/model.bin", "ckpt/step-8/optim.bin"]
