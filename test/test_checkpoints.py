@@ -981,6 +981,10 @@ def test_the_attempt_record_survives_a_fresh_tree_through_s3_and_the_guard_spans
     assert ckpt_status(job).get("newest") is None  # the record is no checkpoint
     job, env = ckpt_job(tmp_path / "second", NEVER_GETS_FURTHER, bucket, s3_server, **settings)
     run(job, env, code=93)
+    # Brought back as the job's record, never restored or named as a checkpoint.
+    status = ckpt_status(job)
+    assert status.get("restore") is None and status.get("newest") is None, status
+    assert status["last_durable"] is None, status
     assert job.failure().startswith("NoProgressError: 2 attempts in a row")
     resilience = json.loads(job.read("output", "data", "resilience.json"))
     assert resilience["earlier_attempts"] == 2 and len(resilience["attempts"]) == 1
