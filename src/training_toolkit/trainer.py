@@ -141,13 +141,16 @@ def _open_checkpoints(job, env):
     os.environ[params.CHECKPOINT_DIR_ENV] = settings.local_dir
     os.environ[params.CHECKPOINT_RESUME_ENV] = job.paths.checkpoint_resume_file
     hosts = checkpoint_hosts(env)
-    channel = None
+    agree = None
     if len(hosts) > 1 and settings.mode == "sync":
-        from .cluster import control
+        import functools
 
-        channel = (control.control_port(os.environ), control.job_key_for(env))
+        from .cluster import checkpoint_plan, control
+
+        agree = functools.partial(checkpoint_plan.agree, hosts, env.current_host,
+                                  control.control_port(os.environ), control.job_key_for(env))
     wing = checkpoints.Checkpoints(settings, os.environ.get(params.S3_ENDPOINT_ENV) or None,
-                                   env.region, env.current_host, hosts, channel,
+                                   env.region, env.current_host, hosts, agree,
                                    job.paths.checkpoint_resume_file)
     job.checkpoints = wing
     import contextlib

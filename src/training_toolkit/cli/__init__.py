@@ -60,7 +60,7 @@ def cmd_plan(args):
     check_entry_point_before_fetch(env)  # as `train` would fail, before its install
     launch = plan(env, one_job=True)  # as `train` runs it
     watchdog = _hang_watchdog(os.environ)
-    from ..resilience.checkpoints import settings_of
+    from ..resilience.checkpoint_settings import settings_of
 
     checkpoints = settings_of(os.environ, env.paths, env.current_host)
     from ..resilience.restarts import settings_of as restart_settings

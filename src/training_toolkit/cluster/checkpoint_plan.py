@@ -15,6 +15,7 @@ decides alone, the same way.
 import time
 
 from ..errors import CheckpointRestoreError
+from ..resilience.resume import agree_alone
 from .control import MasterControl, Refused, WorkerLink
 
 # What a worker's report may arrive after the master's deadline, and what a
@@ -58,11 +59,7 @@ def agree(hosts, me, port, key, round_, deadline, decide, restore_here):
     failure line ("" when it restored it). Returns the plan; raises
     CheckpointRestoreError naming every host that failed."""
     if len(hosts) == 1:
-        plan = decide()
-        failure = restore_here(plan)
-        if failure:
-            raise CheckpointRestoreError(failure)
-        return plan
+        return agree_alone(round_, deadline, decide, restore_here)
     if me == hosts[0]:
         return _master(hosts, me, port, key, round_, deadline, decide, restore_here)
     return _worker(hosts[0], me, port, key, round_, deadline, restore_here)

@@ -41,7 +41,7 @@ def max_step(heartbeats_dir):
 
 def newest_checkpoint(checkpoint_dir, marker):
     """(unit, written at) of the newest complete checkpoint, or None."""
-    from .checkpoints import complete_units
+    from .checkpoint_rules import complete_units
 
     units = complete_units(checkpoint_dir, marker)
     units.pop(ATTEMPTS_RECORD_NAME, None)

@@ -1,37 +1,42 @@
-"""Checkpoints that survive preemption, with SageMaker's semantics on every
-orchestrator.
+"""Checkpoints that survive preemption and are whole for the job, with
+SageMaker's semantics on every orchestrator.
 
 With TRAINING_TOOLKIT_CHECKPOINT_S3_URI set, `train`
 
-* restores the prefix into the checkpoint dir before any user code
-  (`restore`: whole units only, a unit being a top-level directory or a
-  file at the root);
+* restores the job's newest committed checkpoint before any user code, the
+  same one on every host, each host its share (`resume`, `restore`, agreed
+  over the control port by cluster/checkpoint_plan.py: 75 where one host
+  cannot);
 * uploads, while the job runs, every file closed in the dir or renamed into
-  it, and deletes in S3 what is deleted here (the intermediate output's
-  sync, with `CheckpointRules`): with a completeness marker, a directory's
-  files go up only once the marker exists in it, and the marker last;
+  it (the intermediate output's sync, with `CheckpointRules`): with a
+  completeness marker, a directory's files go up only once the marker
+  exists in it, and the marker last; once this host's part of a unit is in
+  S3, the job's commit (`commits`) makes the unit the job's when every
+  host's part is; a deleted unit leaves S3 once a newer one is committed;
 * drains what is pending at the end, inside the grace on a stop, keeping a
-  flush reserve out of the ranks' share (`Checkpoints.reserve_seconds`).
+  flush reserve out of the ranks' share (`Checkpoints.reserve_seconds`),
+  and waits for the newest unit's commit.
 
 On SageMaker (a checkpointconfig.json and no URI variable) the platform
 syncs: `train` does not upload twice, and verifies at the end that the
 newest complete checkpoint is in S3 (`Checkpoints.finish`). The dir is
-exported to every rank as TRAINING_TOOLKIT_CHECKPOINT_DIR in every case.
+exported to every rank as TRAINING_TOOLKIT_CHECKPOINT_DIR in every case,
+and the resume file as TRAINING_TOOLKIT_CHECKPOINT_RESUME.
 """
 import dataclasses
-import json
 import os
 import time
 
 from .. import log, params
 from ..errors import CheckpointAccessError, ConfigError
-from ..intermediate.rules import EveryFile, unit_of
-from .commits import RESERVED
-from .restore import ASIDE, STAGING
+# The wing's parts, under the names this module always had.
+from .checkpoint_rules import CheckpointRules, complete_units
+from .checkpoint_settings import (DELETE_MODES, HOST_PLACEHOLDER, RESTORE_RULES,
+                                  CheckpointSettings, parse_s3_uri, settings_of)
 
-HOST_PLACEHOLDER = "{host}"
-DELETE_MODES = ("mirror", "keep")
-RESTORE_RULES = ("own", "all")
+__all__ = ["CheckpointRules", "CheckpointSettings", "Checkpoints", "DELETE_MODES",
+           "HOST_PLACEHOLDER", "RESTORE_RULES", "complete_units", "parse_s3_uri", "settings_of"]
+
 # The flush reserve's bounds: at least this, and never more than half the
 # grace (the ranks always get the other half).
 MIN_FLUSH_S = 5.0
@@ -44,259 +49,25 @@ VERIFY_CONCURRENCY = 16
 LOG_DEAD_S = 60.0
 
 
-@dataclasses.dataclass(frozen=True)
-class CheckpointSettings:
-    """What the job asks of its checkpoints. `mode` is "sync" (the URI
-    variable), "verify" (SageMaker syncs, `train` checks) or "off"."""
-
-    local_dir: str
-    mode: str
-    s3_uri: str = None
-    bucket: str = None
-    prefix: str = ""
-    source: str = None       # the variable or file that named the URI
-    marker: str = None
-    mirror_deletes: bool = True
-    verify: bool = False
-    strict: bool = False
-    flush_s: float = None
-    requeue_exit_code: int = None
-    shared_prefix: bool = True
-    root_prefix: str = ""    # where the job's commit records are (commits.Layout)
-    host_rel: str = ""       # from there to a host's prefix, with {host} in it
-    restore_rule: str = "own"
-    drain_s: float = 60.0
-
-    @property
-    def layout(self):
-        from .commits import Layout
-
-        return Layout(self.bucket, self.root_prefix, self.host_rel)
-
-    def status(self):
-        return {"mode": self.mode, "dir": self.local_dir, "s3_uri": self.s3_uri,
-                "marker": self.marker, "deletes": "mirror" if self.mirror_deletes else "keep"}
-
-    def describe(self):
-        """One line for `training-toolkit plan`."""
-        if self.mode == "off":
-            return "%s, not synced (%s unset)" % (self.local_dir, params.CHECKPOINT_S3_URI_ENV)
-        if self.mode == "verify":
-            return "%s, synced by SageMaker to %s; the newest checkpoint %s at the end" % (
-                self.local_dir, self.s3_uri, "verified" if self.verify else "not verified")
-        return "%s <-> %s: restored at start, each %s uploaded as it is written, deletes %s" % (
-            self.local_dir, self.s3_uri,
-            "directory with its %s marker (last)" % self.marker if self.marker else "file",
-            "mirrored" if self.mirror_deletes else "kept")
-
-
-def parse_s3_uri(uri, where):
-    """(bucket, prefix ending in '/' or empty) of `uri`; ConfigError (78)
-    naming `where` for anything but s3://bucket[/prefix]."""
-    scheme, sep, rest = uri.partition("://")
-    bucket, _, path = rest.partition("/")
-    if not sep or scheme != "s3" or not bucket or "/" in bucket.strip() or " " in uri:
-        raise ConfigError("must be an S3 URI such as s3://bucket/prefix, got %r" % uri,
-                          field=where)
-    path = path.strip("/")
-    return bucket, path + "/" if path else ""
-
-
-def _config_file(paths):
-    """SageMaker's checkpointconfig.json as a dict, or None where there is none."""
-    try:
-        with open(paths.checkpoint_config_file) as f:
-            config = json.load(f)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as e:
-        raise ConfigError("cannot be read as JSON: %s" % e,
-                          path=paths.checkpoint_config_file) from None
-    if not isinstance(config, dict):
-        raise ConfigError("must hold a JSON object", path=paths.checkpoint_config_file)
-    return config
-
-
-def settings_of(environ, paths, host):
-    """The job's CheckpointSettings; ConfigError (78) naming the variable
-    or the file for a bad value."""
-    config = _config_file(paths)
-    local_dir = (environ.get(params.CHECKPOINT_DIR_ENV, "").strip()
-                 or (config or {}).get("LocalPath") or paths.checkpoints_dir)
-    if not isinstance(local_dir, str):
-        raise ConfigError("must be a path", path=paths.checkpoint_config_file, field="LocalPath")
-    marker = environ.get(params.CHECKPOINT_COMPLETE_ENV, "").strip() or None
-    if marker is not None and ("/" in marker or marker in (".", "..")):
-        raise ConfigError("must be a file name (the marker in each checkpoint directory), "
-                          "got %r" % marker, field=params.CHECKPOINT_COMPLETE_ENV)
-    deletes = environ.get(params.CHECKPOINT_DELETES_ENV, "").strip().lower() or "mirror"
-    if deletes not in DELETE_MODES:
-        raise ConfigError("must be mirror or keep, got %r" % deletes,
-                          field=params.CHECKPOINT_DELETES_ENV)
-    rule = environ.get(params.CHECKPOINT_RESTORE_ENV, "").strip().lower() or "own"
-    if rule not in RESTORE_RULES:
-        raise ConfigError("must be own or all, got %r" % rule,
-                          field=params.CHECKPOINT_RESTORE_ENV)
-    drain = params.setting(environ, params.CHECKPOINT_DRAIN_ENV)
-    common = dict(local_dir=os.path.abspath(local_dir), marker=marker,
-                  mirror_deletes=deletes == "mirror", restore_rule=rule,
-                  drain_s=params.setting(environ, params.DRAIN_ENV) if drain is None else drain,
-                  strict=bool(params.setting(environ, params.CHECKPOINT_STRICT_ENV)),
-                  flush_s=params.setting(environ, params.CHECKPOINT_FLUSH_ENV),
-                  requeue_exit_code=params.setting(environ, params.REQUEUE_EXIT_CODE_ENV))
-    verify = params.setting(environ, params.CHECKPOINT_VERIFY_ENV)
-    uri = environ.get(params.CHECKPOINT_S3_URI_ENV, "").strip()
-    if uri:
-        expanded = uri.replace(HOST_PLACEHOLDER, host)
-        bucket, prefix = parse_s3_uri(expanded, params.CHECKPOINT_S3_URI_ENV)
-        root, host_rel = prefix, ""
-        if HOST_PLACEHOLDER in uri:
-            template = uri.partition("://")[2]
-            if HOST_PLACEHOLDER in template.partition("/")[0]:
-                raise ConfigError("%s may stand in the prefix, not in the bucket name, got %r"
-                                  % (HOST_PLACEHOLDER, uri), field=params.CHECKPOINT_S3_URI_ENV)
-            before = template.partition("/")[2].partition(HOST_PLACEHOLDER)[0]
-            root = before[:before.rfind("/") + 1]
-            host_rel = template.partition("/")[2].strip("/")[len(root):] + "/"
-        return CheckpointSettings(mode="sync", s3_uri=expanded, bucket=bucket, prefix=prefix,
-                                  source=params.CHECKPOINT_S3_URI_ENV, verify=bool(verify),
-                                  shared_prefix=HOST_PLACEHOLDER not in uri, root_prefix=root,
-                                  host_rel=host_rel,
-                                  **common)
-    if config is not None and config.get("S3Uri") and verify != 0:
-        where = "%s: S3Uri" % paths.checkpoint_config_file
-        bucket, prefix = parse_s3_uri(str(config["S3Uri"]), where)
-        return CheckpointSettings(mode="verify", s3_uri=str(config["S3Uri"]), bucket=bucket,
-                                  prefix=prefix, source=where, verify=True, **common)
-    return CheckpointSettings(mode="off", **common)
-
-
-class CheckpointRules(EveryFile):
-    """The checkpoint tree's rules for the sync (see intermediate.rules):
-    with a `marker`, a top-level directory's files go up only once the
-    marker exists in it, and the marker after them all. This host's part of
-    a unit is durable when its marker is in S3 (without a marker: when
-    nothing of it is left to upload); the committer (commits.Committer)
-    then makes it the job's, and says when a deleted unit's objects may go.
-    The toolkit's own names (`.training-toolkit*`, the restore's staging)
-    are never a unit."""
-
-    label = "checkpoints"
-    # S3 away for a while: every checkpoint goes up once it is back.
-    keep_retrying = True
-
-    def __init__(self, marker, mirror_deletes, shared_prefix, committer=None):
-        self.marker = marker
-        self.mirror_deletes = mirror_deletes
-        self.shared_prefix = shared_prefix
-        self.committer = committer
-        self._objects = {}  # unit -> {path: (size, ETag)} of what went up
-        self._claimed = set()
-        # This host's newest durable part, replaced whole (a signal handler reads it).
-        self.durable = None
-
-    @staticmethod
-    def own_name(rel):
-        """Whether `rel` is the toolkit's own (the attempt record, the aside
-        dir, the restore's staging): never a checkpoint unit."""
-        unit = unit_of(rel)
-        return unit.startswith(RESERVED) or unit.startswith(STAGING)
-
-    def ready(self, root, rel):
-        unit, sep, _ = rel.partition("/")
-        if unit.startswith(STAGING) or unit.startswith(ASIDE):
-            return False
-        return self.marker is None or not sep or os.path.exists(
-            os.path.join(root, unit, self.marker))
-
-    def waits_for(self, rel):
-        unit, sep, rest = rel.partition("/")
-        return unit if self.marker is not None and sep and rest == self.marker else None
-
-    def seen(self, rel):
-        unit, sep, _ = rel.partition("/")
-        if sep and unit not in self._claimed and self.committer is not None and \
-                not self.own_name(rel):
-            self._claimed.add(unit)
-            self.committer.claim(unit)
-
-    def uploaded(self, rel, settled, size, written_at, etag=None):
-        unit, sep, rest = rel.partition("/")
-        if self.own_name(rel):  # goes up with them, but is no checkpoint
-            return None
-        self._objects.setdefault(unit, {})[rel] = (size, etag)
-        if sep and not (rest == self.marker if self.marker is not None else settled(unit)):
-            return None
-        if self.durable is not None and self.durable["written_at"] > written_at:
-            return None  # an older checkpoint that went up later
-        self.durable = {"name": unit, "bytes": sum(s for s, _ in self._objects[unit].values()),
-                        "written_at": written_at, "durable_at": time.time()}
-        if self.committer is not None:
-            self.committer.part_durable(unit, dict(self._objects[unit]), written_at,
-                                        root_file=not sep)
-        return self.durable
-
-    def may_delete(self, rel):
-        return self.committer is None or self.own_name(rel) or \
-            self.committer.may_delete(unit_of(rel))
-
-    def gone(self, root, rel):
-        unit = unit_of(rel)
-        for known in [k for k in self._objects.get(unit, ()) if k == rel or
-                      k.startswith(rel + "/")]:
-            del self._objects[unit][known]
-        if self.own_name(rel) or os.path.lexists(os.path.join(root, unit)):
-            return
-        self._objects.pop(unit, None)
-        self._claimed.discard(unit)
-        if self.committer is not None and self.mirror_deletes:
-            self.committer.unit_gone(unit)
-
-
-def complete_units(local_dir, marker):
-    """{unit: time its newest file was written} of the complete checkpoints
-    in `local_dir` (with a marker: the directories that hold it)."""
-    units = {}
-    try:
-        entries = list(os.scandir(local_dir))
-    except OSError:
-        return units
-    for entry in entries:
-        if CheckpointRules.own_name(entry.name):
-            continue
-        try:
-            if not entry.is_dir(follow_symlinks=False):
-                if entry.is_file() and not CheckpointRules.own_name(entry.name):
-                    units[entry.name] = entry.stat().st_mtime
-                continue
-            if marker is not None:
-                units[entry.name] = os.stat(os.path.join(entry.path, marker)).st_mtime
-                continue
-            newest = [os.stat(os.path.join(d, f)).st_mtime
-                      for d, _, files in os.walk(entry.path) for f in files]
-            if newest:
-                units[entry.name] = max(newest)
-        except OSError:
-            continue
-    return units
-
-
 class Checkpoints:
     """The checkpoint wing of one host's job: `open()` at start (the access
     check, the job's restore, the sync and its commits), `reserve_seconds()`
     at a stop notice, `finish()` at the end, `status()` for status.json.
     `hosts`: the hosts whose `train` syncs this job's checkpoints (this one
-    alone, or every host: the master first); `channel`: (port, key) of the
-    control port where they agree on the restore (cluster/checkpoint_plan.py)."""
+    alone, or every host: the master first); `agree(round, deadline,
+    decide, restore_here)`: how they agree on the restore (cluster/
+    checkpoint_plan.py's, bound to the hosts; alone by default)."""
 
     def __init__(self, settings, endpoint_url=None, region=None, host="localhost", hosts=None,
-                 channel=None, resume_file=None):
+                 agree=None, resume_file=None):
+        from .resume import agree_alone
+
         self.settings = settings
         self.endpoint_url = endpoint_url
         self.region = region
         self.host = host
         self.hosts = tuple(hosts or (host,))
-        self.channel = channel
+        self.agree = agree or agree_alone
         self.resume_file = resume_file
         self.sync = None
         self.committer = None
@@ -334,17 +105,14 @@ class Checkpoints:
     def _restore(self, unreachable, round_=0):
         """The job's restore (round 0 at start, N before restart N), then
         the sync and its committer, once."""
-        from ..cluster.checkpoint_plan import agree
         from .resume import Resume
 
         s = self.settings
         resume = self._resume = Resume(self._s3(), s.layout, s.local_dir, self.host,
                                        s.restore_rule, unreachable, s.s3_uri)
-        port, key = self.channel or (None, None)
         deadline = time.monotonic() + params.setting(os.environ,
                                                      params.CHECKPOINT_RESTORE_DEADLINE_ENV)
-        agree(self.hosts, self.host, port, key, round_, deadline, resume.decide,
-              resume.restore_here)
+        self.agree(round_, deadline, resume.decide, resume.restore_here)
         restored = resume.restored
         if restored is not None:
             self._state["restore"] = restored.status()

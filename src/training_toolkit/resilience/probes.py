@@ -138,7 +138,7 @@ def s3_object(uri, endpoint_url, region, deadline, host):
     from botocore.exceptions import BotoCoreError, ClientError
 
     from .. import s3
-    from .checkpoints import parse_s3_uri
+    from .checkpoint_settings import parse_s3_uri
 
     bucket, prefix = parse_s3_uri(uri, params.CHECKPOINT_S3_URI_ENV)
     key = "%s.preflight-%s-%s" % (prefix, host, secrets.token_hex(4))

@@ -116,6 +116,17 @@ class Resume:
         return record
 
 
+def agree_alone(round_, deadline, decide, restore_here):
+    """A job of one host decides what to restore by itself (cluster/
+    checkpoint_plan.py's `agree` for several hosts, with the same call):
+    returns the plan, or raises CheckpointRestoreError."""
+    plan = decide()
+    failure = restore_here(plan)
+    if failure:
+        raise CheckpointRestoreError(failure)
+    return plan
+
+
 def write_resume_file(path, target):
     """The resume file: `target` (a path, or "") and a newline, replaced whole."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
