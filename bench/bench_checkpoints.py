@@ -34,19 +34,36 @@ the server. Scenarios (--only):
             durable), whether the newest complete step in S3 is the step at
             the notice, and the exit code. Target: lost <= one step (1 s)
             in every run.
-  restore   1 GB as 10 step dirs x 10 files of 10 MB (+ a marker each),
-            uploaded once; then, paired and alternated (common.alternate,
-            one warm-up round): `train` with a trivial script restoring the
-            prefix into a fresh dir (status.json's checkpoints.restore
-            seconds; and the whole run's wall time), the same trivial job
-            without checkpoints (its wall time, subtracted), and a plain
-            boto3 download of the same objects (list, then `download_file`
-            per object in a ThreadPoolExecutor of 10, default
-            TransferConfig) into a fresh dir. Target: restore / plain <= 1.1.
+  restore   1 GB as one step dir of 100 files of 10 MB (+ a marker),
+            uploaded and committed once; then, paired and alternated
+            (common.alternate, one warm-up round): `train` with a trivial
+            script restoring it into a fresh dir (status.json's
+            checkpoints.restore seconds; and the whole run's wall time), the
+            same trivial job without checkpoints (its wall time,
+            subtracted), and a plain boto3 download of the same objects
+            (list, then `download_file` per object in a ThreadPoolExecutor
+            of 10, default TransferConfig) into a fresh dir. Target:
+            restore / plain <= 1.1.
+  commit    jobs on simulated hosts (network namespaces; 2 x 10 MB, 16 x 10
+            MB and 2 x 1 GB per host by default): each host writes its shard
+            of each step dir, waits for every host's (a barrier), closes its
+            marker and notes the time; the next step once the bench saw the
+            step's commit record stored. Per step: the last host's marker ->
+            the commit record stored (the server's log), against the last
+            host's marker -> every host's marker stored (each host's part
+            in S3: today's per-host durability, the floor).
+  share     one step dir committed with a shard of 64 MB from each of 16
+            hosts (1 GB); then fresh 16-host jobs restore it, paired and
+            alternated, under TRAINING_TOOLKIT_CHECKPOINT_RESTORE=own (the
+            default) and `all` (every host everything, as every host did
+            before commits): the bytes each host restored (status.json)
+            against its own share, and the slowest host's restore time.
+            Target: own <= 1.1x a host's share.
 
-Run it with an interpreter that has moto and boto3 (the system python3):
+Run it with an interpreter that has moto and boto3 (the system python3), as
+root for the simulated hosts:
 
-    python3 bench/bench_checkpoints.py [--only latency,lost,restore] [--runs 5]
+    python3 bench/bench_checkpoints.py [--only latency,lost,restore,commit,share] [--runs 5]
 """
 import argparse
 import json
@@ -72,7 +89,7 @@ from training_toolkit.rehearsal.jobtree import write_job_tree  # noqa: E402
 
 BUCKET = "bench-checkpoints"
 MARKER = "COMPLETE"
-TARGETS = {"lost": 1.0, "restore": 1.1}
+TARGETS = {"lost": 1.0, "restore": 1.1, "share": 1.1}
 POLL_PERIOD_S = 60.0
 _run_ids = iter(range(1, 10**6))
 
@@ -488,20 +505,28 @@ def scenario_lost(args, client):
 # --------------------------------------------------------------------------
 
 
-def upload_restore_source(client, prefix, dirs, files, size):
+def upload_restore_source(client, prefix, files, size, hosts=("algo-1",), unit="step-000"):
+    """One unit of `files` x `size` bytes per host of `hosts` (named
+    shard-<host>-<j>.bin) and a marker, committed for the job as the master
+    commits it (resilience/commits.py). Returns (objects, bytes) of the unit."""
+    from training_toolkit.resilience import commits
+
     src = common.fresh_dir("checkpoints", "restore-source")
     paths = write_like_job(src, files, size)
-    jobs = []
-    for d in range(dirs):
-        for p in paths:
-            jobs.append((p, "%sstep-%03d/%s" % (prefix, d, os.path.basename(p))))
+    jobs = [(path, host, "%s/shard-%s-%s" % (unit, host, os.path.basename(path)))
+            for host in hosts for path in paths]
     with ThreadPoolExecutor(10) as pool:
-        list(pool.map(lambda pk: client.upload_file(pk[0], BUCKET, pk[1]), jobs))
-    for d in range(dirs):
-        client.put_object(Bucket=BUCKET, Key="%sstep-%03d/%s" % (prefix, d, MARKER), Body=b"x\n")
+        list(pool.map(lambda job: client.upload_file(job[0], BUCKET, prefix + job[2]), jobs))
+    client.put_object(Bucket=BUCKET, Key="%s%s/%s" % (prefix, unit, MARKER), Body=b"x\n")
     shutil.rmtree(src)
     listed = list_prefix(client, prefix)
-    return len(listed), sum(o["Size"] for o in listed.values())
+    writers = {rel: (host,) for _, host, rel in jobs}
+    writers["%s/%s" % (unit, MARKER)] = tuple(hosts)
+    objects = {rel: (o["Size"], o["ETag"].strip('"'), writers[rel]) for rel, o in listed.items()}
+    layout = commits.Layout(BUCKET, prefix)
+    client.put_object(Bucket=BUCKET, Key=layout.commit_key(unit), Body=commits.Record(
+        unit, objects, time.time(), time.time(), tuple(hosts)).to_json())
+    return len(objects), sum(size for size, _, _ in objects.values())
 
 
 def plain_download(prefix):
@@ -512,7 +537,8 @@ def plain_download(prefix):
     dest = common.fresh_dir("checkpoints", "plain-download")
     t = time.perf_counter()
     keys = [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(
-        Bucket=BUCKET, Prefix=prefix) for o in page.get("Contents", ())]
+        Bucket=BUCKET, Prefix=prefix) for o in page.get("Contents", ())
+        if "/.training-toolkit/" not in o["Key"]]
 
     def one(key):
         path = os.path.join(dest, key[len(prefix):])
@@ -527,11 +553,11 @@ def plain_download(prefix):
 
 
 def scenario_restore(args, client):
-    dirs, files, size = 10, 10, 10**7
+    files, size = 100, 10**7
     prefix = "restore-source/"
-    print("\n## Restore at start: %d step dirs x %d files x %g MB (+ a marker each), %d paired "
-          "runs" % (dirs, files, size / 1e6, args.runs), flush=True)
-    objects, total = upload_restore_source(client, prefix, dirs, files, size)
+    print("\n## Restore at start: one committed step dir of %d files x %g MB (+ a marker), %d "
+          "paired runs" % (files, size / 1e6, args.runs), flush=True)
+    objects, total = upload_restore_source(client, prefix, files, size)
     print("  source: %d objects, %.3f GB" % (objects, total / 1e9), file=sys.stderr, flush=True)
     extras = {"wall": [], "restore": [], "plain_train": []}
 
@@ -592,6 +618,198 @@ def scenario_restore(args, client):
 
 
 # --------------------------------------------------------------------------
+# Several hosts: the job-wide commit, and each host's share of a restore
+# --------------------------------------------------------------------------
+
+# Each host: `steps` step dirs, its shard of `size` bytes, a barrier with
+# the other hosts (a dir they share), its marker, then time.time() of the
+# marker's close to <control>/events-<host>.json; the next step once the
+# bench wrote <control>/go-N (it saw step N's commit record stored).
+COMMIT_JOB = """\
+import json, os, time
+d = os.environ["TRAINING_TOOLKIT_CHECKPOINT_DIR"]
+host = os.environ["SM_CURRENT_HOST"]
+hosts = json.loads(os.environ["SM_HOSTS"])
+control = %(control)r
+block = bytearray(os.urandom(1 << 20))
+
+def wait(path):
+    deadline = time.monotonic() + 900
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise SystemExit("timed out waiting for " + path)
+        time.sleep(0.01)
+
+events = []
+for step in range(%(steps)d):
+    sd = os.path.join(d, "step-%%03d" %% step)
+    os.makedirs(sd)
+    with open(os.path.join(sd, "shard-%%s.bin" %% host), "wb") as f:
+        left = %(size)d
+        while left:
+            block[:8] = (step * 1000003 + left).to_bytes(8, "little")
+            n = min(left, len(block))
+            f.write(block[:n])
+            left -= n
+    open(os.path.join(control, "saved-%%d-%%s" %% (step, host)), "w").close()
+    for h in hosts:
+        wait(os.path.join(control, "saved-%%d-%%s" %% (step, h)))
+    with open(os.path.join(sd, "COMPLETE"), "w") as f:
+        f.write(str(step))
+    events.append((step, time.time()))
+    with open(os.path.join(control, "events-%%s.json" %% host), "w") as f:
+        json.dump(events, f)
+    wait(os.path.join(control, "go-%%d" %% step))
+"""
+
+
+def _cluster(root, hosts, script):
+    sys.path.insert(0, os.path.join(common.ROOT, "test"))
+    from cluster_jobs import ClusterJob
+
+    return ClusterJob(root, hosts, {"train.py": script})
+
+
+def _stores(server, key):
+    """Every time `key` was stored, in order (the recording server's log)."""
+    times = []
+    with open(server.log_path) as f:
+        for line in f:
+            at, _, stored = line.rstrip("\n").partition(" ")
+            if stored == "%s/%s" % (BUCKET, key):
+                times.append(float(at))
+    return times
+
+
+def commit_run(server, hosts, steps, size):
+    """One job of `hosts` hosts: per step, (the last host's marker closed ->
+    the commit record stored, -> every host's marker stored: today's
+    per-host durability, the floor)."""
+    name = "commit-%d-%d" % (hosts, next(_run_ids))
+    root = common.fresh_dir("checkpoints", name)
+    control = os.path.join(root, "control")
+    os.makedirs(control)
+    script = COMMIT_JOB % {"control": control, "steps": steps, "size": size}
+    prefix = name + "/"
+    commit_latency, floor = [], []
+    with _cluster(root, hosts, script) as cj:
+        gateway, port = cj.cluster.expose(int(ENDPOINT[0].rsplit(":", 1)[1]))
+        cj.start(S3_ENDPOINT_URL="http://%s:%d" % (gateway, port), AWS_REGION="us-east-1",
+                 TRAINING_TOOLKIT_CHECKPOINT_S3_URI="s3://%s/%s" % (BUCKET, prefix),
+                 TRAINING_TOOLKIT_CHECKPOINT_COMPLETE=MARKER, **FAKE_AWS_ENV)
+        for step in range(steps):
+            record = "%s.training-toolkit/commits/step-%03d.json" % (prefix, step)
+            deadline = time.time() + 900
+            while not _stores(server, record):
+                ended = {h: r.proc.poll() for h, r in cj.runs.items() if r.proc.poll() is not None}
+                if ended or time.time() > deadline:
+                    cj.wait(timeout=5)
+                    raise SystemExit("commit %d hosts: step %d not committed; ended: %s\n%s" % (
+                        hosts, step, ended, "\n".join(
+                            r.err.decode("utf-8", "replace")[-1500:] for r in cj.runs.values())))
+                time.sleep(0.02)
+            common.write(os.path.join(control, "go-%d" % step), "")
+        cj.wait(timeout=300)
+        events = {}
+        for host in cj.hosts:
+            with open(os.path.join(control, "events-%s.json" % host)) as f:
+                for step, at in json.load(f):
+                    events.setdefault(step, []).append(at)
+    for step, marks in sorted(events.items()):
+        last_marker = max(marks)
+        markers = _stores(server, "%sstep-%03d/%s" % (prefix, step, MARKER))
+        record = _stores(server, "%s.training-toolkit/commits/step-%03d.json" % (prefix, step))
+        commit_latency.append(record[0] - last_marker)
+        floor.append(sorted(markers)[hosts - 1] - last_marker)
+    shutil.rmtree(root, ignore_errors=True)
+    delete_prefix(s3_client(), prefix)
+    return commit_latency, floor
+
+
+def scenario_commit(args, server, client):
+    print("\n## Commit latency: the last host's marker closed -> the commit record stored in "
+          "S3, against every host's part stored (today's per-host durability: the floor)",
+          flush=True)
+    rows = []
+    for spec in args.commit_cases.split(","):
+        hosts, _, mb = spec.partition("x")
+        hosts, size = int(hosts), int(float(mb.rstrip("MB")) * 10**6)
+        steps = args.commit_steps if size < 10**8 else max(2, args.commit_steps // 4)
+        lat, floor = commit_run(server, hosts, steps, size)
+        over = [a - b for a, b in zip(lat, floor)]
+        rows.append(["%d hosts x %g MB" % (hosts, size / 1e6), len(lat),
+                     "%.3f s" % common.median(lat), "**%.3f s**" % pct(lat, 0.95),
+                     "%.3f s" % pct(floor, 0.95), "%.3f s" % pct(over, 0.95),
+                     "%.2fx" % (pct(lat, 0.95) / pct(floor, 0.95))])
+        print("  %s: commit %s; floor %s" % (rows[-1][0], " ".join("%.2f" % x for x in lat),
+                                             " ".join("%.2f" % x for x in floor)),
+              file=sys.stderr, flush=True)
+    common.table(["hosts x part", "steps", "commit median", "commit p95", "floor p95",
+                  "commit - floor, p95", "p95 vs floor"], rows)
+    return rows
+
+
+def share_run(hosts, prefix, rule):
+    """One restore at start on `hosts` fresh hosts: (the slowest host's
+    restore seconds, {host: bytes restored})."""
+    root = common.fresh_dir("checkpoints", "share-%s-%d" % (rule, next(_run_ids)))
+    with _cluster(root, hosts, TRIVIAL_JOB) as cj:
+        gateway, port = cj.cluster.expose(int(ENDPOINT[0].rsplit(":", 1)[1]))
+        cj.start(S3_ENDPOINT_URL="http://%s:%d" % (gateway, port), AWS_REGION="us-east-1",
+                 TRAINING_TOOLKIT_CHECKPOINT_S3_URI="s3://%s/%s" % (BUCKET, prefix),
+                 TRAINING_TOOLKIT_CHECKPOINT_COMPLETE=MARKER,
+                 TRAINING_TOOLKIT_CHECKPOINT_RESTORE=rule, **FAKE_AWS_ENV)
+        cj.wait(timeout=1800)
+        restored = {}
+        for host in cj.hosts:
+            status = status_of(cj.path(host))
+            if cj.runs[host].proc.returncode != 0:
+                raise SystemExit("share %s: %s exited %d\n%s" % (
+                    rule, host, cj.runs[host].proc.returncode,
+                    cj.runs[host].err.decode("utf-8", "replace")[-2000:]))
+            restored[host] = status["checkpoints"]["restore"]
+    shutil.rmtree(root, ignore_errors=True)
+    return max(r["seconds"] for r in restored.values()), {h: r["bytes"] for h, r in
+                                                         restored.items()}
+
+
+def scenario_share(args, client):
+    hosts, size = args.share_hosts, args.share_mb * 10**6
+    prefix = "share-source/"
+    print("\n## Restore at start on %d hosts, one prefix, a %g MB shard per host (%g GB "
+          "committed): what each host downloads under `own` (the default) and under `all` "
+          "(every host everything, as before the job-wide commit), %d paired runs"
+          % (hosts, size / 1e6, hosts * size / 1e9, args.share_runs), flush=True)
+    names = ["algo-%d" % (i + 1) for i in range(hosts)]
+    objects, total = upload_restore_source(client, prefix, 1, size, hosts=names)
+    share = total / hosts
+    got = {"own": [], "all": []}
+
+    def run(rule):
+        seconds, restored = share_run(hosts, prefix, rule)
+        got[rule].append(restored)
+        return seconds
+
+    times = common.alternate({"own": lambda: run("own"), "all": lambda: run("all")},
+                             args.share_runs, warmup=0)
+    rows = []
+    for rule in ("own", "all"):
+        per_host = [b for r in got[rule] for b in r.values()]
+        rows.append(["`%s`" % rule, "%.1f MB" % (max(per_host) / 1e6),
+                     "**%.2fx**" % (max(per_host) / share),
+                     "%.2f s" % common.median(times[rule]),
+                     " ".join("%.2f" % x for x in times[rule])])
+    ratio = max(b for r in got["own"] for b in r.values()) / share
+    common.table(["rule", "most bytes one host restored", "vs its own share (%.1f MB)"
+                  % (share / 1e6), "slowest host's restore, median", "runs"], rows)
+    print("own: each host <= %.2fx its own share (target <= 1.1x: %s); restore time own / all: "
+          "%.2fx" % (ratio, "met" if ratio <= 1.1 else "NOT MET",
+                     common.median(times["own"]) / common.median(times["all"])))
+    delete_prefix(client, prefix)
+    return ratio
+
+
+# --------------------------------------------------------------------------
 
 
 class Parser(common.VenvParser):
@@ -611,7 +829,7 @@ def main():
                    "Python's environment where it has `train`, else %s, built from the working "
                    "tree)" % common.BUILT_VENV)
     p.add_argument("--runs", type=int, default=5, help="paired restore runs (default 5)")
-    p.add_argument("--only", default="latency,lost,restore",
+    p.add_argument("--only", default="latency,lost,restore,commit,share",
                    help="comma-separated scenarios (default: all)")
     p.add_argument("--small-steps", type=int, default=20, help="10 MB steps (default 20)")
     p.add_argument("--large-steps", type=int, default=5, help="1 GB steps (default 5)")
@@ -622,6 +840,15 @@ def main():
                    "preempted runs (default 10)")
     p.add_argument("--seed", type=int, default=1, help="seed of the SIGTERM times and the "
                    "modelled poller's phases")
+    p.add_argument("--commit-cases", default="2x10MB,16x10MB,2x1000MB",
+                   help="HOSTSxSIZE per host of the commit latency (default 2x10MB,16x10MB,"
+                   "2x1000MB)")
+    p.add_argument("--commit-steps", type=int, default=20, help="steps per commit case "
+                   "(default 20; a quarter of it, at least 2, at 100 MB and more)")
+    p.add_argument("--share-hosts", type=int, default=16, help="hosts of the restore share "
+                   "(default 16)")
+    p.add_argument("--share-mb", type=int, default=64, help="MB per host (default 64)")
+    p.add_argument("--share-runs", type=int, default=3, help="paired runs (default 3)")
     args = p.parse_args()
     only = set(args.only.split(","))
     VENV[0] = args.ours_venv
@@ -641,6 +868,10 @@ def main():
                 scenario_lost(args, client)
             if "restore" in only:
                 scenario_restore(args, client)
+            if "commit" in only:
+                scenario_commit(args, server, client)
+            if "share" in only:
+                scenario_share(args, client)
     finally:
         server.close()
     print("\nbench run time: %.0f s; load average at the end: %.2f %.2f %.2f"

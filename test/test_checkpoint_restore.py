@@ -5,6 +5,7 @@ host restores of a committed unit (`own`, `all`), byte for byte with a
 multipart download, local files compared by content (never by size
 alone) and a differing local unit moved aside, a failed or interrupted
 restore leaving no partial unit, and what the master plans."""
+import json
 import os
 import signal
 import threading
@@ -282,3 +283,32 @@ def test_the_plan_is_the_newest_directory_by_its_record_and_every_root_file(buck
     records, _ = commits.whole_records(client, layout, listed)
     assert [r.unit for r in plan_units(records, layout)] == ["last.pt", "step-10"]
     assert uncovered(listed, layout, records) == ["step-11"]
+
+
+def _part(client, layout, unit, host, state, files=None):
+    objects = {}
+    for rel, data in (files or {}).items():
+        reply = client.put_object(Bucket=layout.bucket, Key=layout.root + rel, Body=data)
+        objects[rel] = {"size": len(data), "etag": reply["ETag"].strip('"')}
+    client.put_object(Bucket=layout.bucket, Key=layout.part_key(unit, host), Body=json.dumps(
+        {"format": 1, "unit": unit, "host": host, "state": state, "written_at": 5.0,
+         "objects": objects}).encode())
+
+
+def test_at_start_the_master_commits_what_every_host_left_durable(bucket):
+    """The master died after every part was in S3 and before its commit:
+    the next start commits it. A unit with a part still `writing`, or one
+    of which not every host has a part, is not (it may be torn)."""
+    client, layout = bucket
+    hosts = ("algo-1", "algo-2")
+    for host in hosts:
+        _part(client, layout, "step-1", host, "durable", {"step-1/%s" % host: host.encode()})
+    _part(client, layout, "step-2", "algo-1", "durable", {"step-2/algo-1": b"1"})
+    _part(client, layout, "step-2", "algo-2", "writing")
+    _part(client, layout, "step-3", "algo-2", "durable", {"step-3/algo-2": b"2"})
+    listed = commits.list_objects(client, layout.bucket, layout.root)
+    written = commits.recover(client, layout, hosts, listed, {})
+    assert [r.unit for r in written] == ["step-1"]
+    records, _ = commits.whole_records(client, layout)
+    assert sorted(records) == ["step-1"] and records["step-1"].hosts == hosts
+    assert records["step-1"].written_at == 5.0

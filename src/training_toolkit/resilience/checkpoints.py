@@ -109,7 +109,7 @@ class Checkpoints:
 
         s = self.settings
         resume = self._resume = Resume(self._s3(), s.layout, s.local_dir, self.host,
-                                       s.restore_rule, unreachable, s.s3_uri)
+                                       self.hosts, s.restore_rule, unreachable, s.s3_uri)
         deadline = time.monotonic() + params.setting(os.environ,
                                                      params.CHECKPOINT_RESTORE_DEADLINE_ENV)
         self.agree(round_, deadline, resume.decide, resume.restore_here)
@@ -121,7 +121,7 @@ class Checkpoints:
             if unreachable is None:
                 self._fetch_attempts_record()
             self.sync = self._make_sync()
-            self.committer.start(resume.records.values())
+            self.committer.start(resume.committed.values())
             self.sync.seed(restored.objects if restored else {}).start()
         self.write_resume_file()
 

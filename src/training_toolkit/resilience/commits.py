@@ -11,7 +11,8 @@ with `{host}` in the URI, what comes before it):
   them are in S3, its marker last.
 * ``.training-toolkit/commits/<unit>.json``: the commit record, written by
   the master's `train` once every host that claimed the unit has its part
-  durable, and no sooner than CLAIM_WINDOW_S after its first claim: every object of the
+  durable, and, unless every host did, no sooner than CLAIM_WINDOW_S after
+  its first claim: every object of the
   unit with its size, ETag and host, the time the unit was written (its
   newest part's) and the time it was committed. A file at the root of the
   checkpoint dir (`last.pt`) is one host's alone: that host commits it.
@@ -38,15 +39,23 @@ from .. import log
 
 RESERVED = ".training-toolkit"
 FORMAT = 1
-# A unit is committed no sooner than this after the first claim the master
-# saw of it: a host's claim is one PutObject made as the unit appears there,
-# so a writer whose save takes less than this still claims in time.
+# A unit that not every host claimed is committed no sooner than this after
+# the first claim the master saw of it: a host's claim is one PutObject made
+# as the unit appears there, long before its marker, so a writer's claim
+# still counts when its PutObject is slow (S3 throttling, retries).
 CLAIM_WINDOW_S = 2.0
 # How often pending units are looked at (a LIST of their parts on the
 # master, a HEAD of their record on a worker).
 POLL_S = 0.2
-# The master looks for units that only workers claimed this often.
-DISCOVER_S = 1.0
+# A pending unit is looked at every POLL_S for ACTIVE_S, then every
+# MAX_POLL_S: one that waits longer waits for a host that is gone.
+ACTIVE_S = 60.0
+MAX_POLL_S = 5.0
+# The master looks for units that only workers claimed this often; a unit
+# claimed more than CLOCK_MARGIN_S before the job started is an earlier
+# job's (the restore at start commits what of it is whole: `recover`).
+DISCOVER_S = 5.0
+CLOCK_MARGIN_S = 5.0
 # A failed request is tried again after this.
 RETRY_S = 1.0
 # A log line about a unit still waiting for a host at most this often.
@@ -179,6 +188,70 @@ def merge(objects, part):
         objects[key] = (size, etag, hosts)
 
 
+class Parts:
+    """The part records of the units' hosts, as last read: a record is read
+    again only when its ETag changed."""
+
+    def __init__(self, client, layout, hosts):
+        self.client, self.layout, self.hosts = client, layout, set(hosts)
+        self._cache = {}  # key -> (ETag, document)
+
+    def of(self, unit):
+        """({host: state}, merged objects of the durable parts, their
+        written_at times, the newest LastModified of the part records (None
+        where there is none))."""
+        prefix = self.layout.parts_prefix(unit)
+        states, objects, written, newest = {}, {}, [], None
+        for key, obj in list_objects(self.client, self.layout.bucket, prefix).items():
+            host = key[len(prefix):-len(".json")] if key.endswith(".json") else None
+            if host not in self.hosts:
+                continue
+            etag = obj["ETag"]
+            newest = max(newest or obj["LastModified"], obj["LastModified"])
+            if self._cache.get(key, (None,))[0] != etag:
+                body = self.client.get_object(Bucket=self.layout.bucket, Key=key)["Body"].read()
+                try:
+                    doc = json.loads(body)
+                    states_ok = doc.get("state") in ("writing", "durable")
+                except ValueError:
+                    doc, states_ok = {}, False
+                self._cache[key] = (etag, doc if states_ok else {"state": "unreadable"})
+            doc = self._cache[key][1]
+            states[host] = doc["state"]
+            if doc["state"] == "durable":
+                merge(objects, {k: (o["size"], o["etag"], (host,))
+                                for k, o in doc["objects"].items()})
+                written.append(doc.get("written_at") or 0.0)
+        return states, objects, written, newest
+
+
+def recover(client, layout, hosts, listed, records):
+    """The master at start: commit each unit of which every host of the job
+    has a durable part in S3 but whose commit record is missing (the master
+    that would have written it was gone first). Only where every host wrote
+    one: a unit some hosts wrote, or whose other parts a rotation deleted
+    already, cannot be told from a torn one. Returns the Records it wrote."""
+    parts = Parts(client, layout, hosts)
+    prefix = "%s%s/parts/" % (layout.root, RESERVED)
+    units = {key[len(prefix):].split("/")[0] for key in listed if key.startswith(prefix)}
+    written_records = []
+    for unit in sorted(units - set(records)):
+        states, objects, written, _ = parts.of(unit)
+        if set(states) != set(hosts) or any(state != "durable" for state in states.values()) \
+                or not all(
+                listed.get(layout.root + k, {}).get("ETag", "").strip('"') == e
+                for k, (_, e, _) in objects.items()):
+            continue
+        record = Record(unit, objects, max(written), time.time(), tuple(sorted(states)))
+        reply = client.put_object(Bucket=layout.bucket, Key=layout.commit_key(unit),
+                                  Body=record.to_json())
+        record.etag = reply["ETag"].strip('"')
+        log.info("checkpoints: %s committed at start: every part of it (%s) was in S3, its "
+                 "record was not" % (unit, ", ".join(record.hosts)))
+        written_records.append(record)
+    return written_records
+
+
 def list_objects(client, bucket, prefix):
     """key -> listing entry of every object under `prefix`."""
     listed = {}
@@ -253,7 +326,12 @@ class Committer:
         self.committed = {}      # unit -> Record known committed (here, seen, or restored)
         self._gone = {}          # unit deleted here -> "waiting", "retracted", "done"
         self._next_log = {}
+        self._next_look = {}     # unit (or ("gone", unit)) -> monotonic time of its next look
+        self._since = {}         # unit (or ("gone", unit)) -> since when it waits here
         self._next_discovery = 0.0
+        self._historic = set()   # units claimed before this job: not this job's to commit
+        self._started = time.time()
+        self._parts = Parts(client, layout, self.hosts)
         self._stop = False
         self.last_error = None
         self._thread = threading.Thread(target=self._run, name="checkpoint-commit",
@@ -286,6 +364,7 @@ class Committer:
         with self._cond:
             self._mine[unit] = part
             self._written[unit] = written_at
+            self._since[unit] = time.monotonic()
             self._gone.pop(unit, None)
             if root_file or self.alone:
                 self._out.append(("commit", Record(unit, part, written_at, None,
@@ -303,6 +382,8 @@ class Committer:
             self._mine.pop(unit, None)
             self._pending.pop(unit, None)
             self._gone.setdefault(unit, "waiting")
+            self._since[("gone", unit)] = time.monotonic()
+            self._next_look.pop(("gone", unit), None)
             self._cond.notify_all()
 
     def may_delete(self, unit):
@@ -430,6 +511,8 @@ class Committer:
                 self._look_at_parts(unit)
         elif not self.alone:
             for unit in self._watched():
+                if not self._due(unit, self._since.get(unit, 0.0)):
+                    continue
                 record = self._read_record(unit)
                 if record is not None:
                     with self._cond:
@@ -437,11 +520,13 @@ class Committer:
                         self._cond.notify_all()
                     self.wake()
         for unit in [u for u, state in list(self._gone.items()) if state != "done"]:
-            self._retire(unit)
+            if self._due(("gone", unit), self._since.get(("gone", unit), 0.0)):
+                self._retire(unit)
 
     def _discover(self):
-        """The master: the units some host claimed that it does not know
-        yet (a unit only workers write), every DISCOVER_S."""
+        """The master: the units some host claimed since the job started
+        that it does not know yet (a unit only workers write), every
+        DISCOVER_S."""
         now = time.monotonic()
         if now < self._next_discovery:
             return
@@ -452,28 +537,36 @@ class Committer:
         units = [p["Prefix"][len(prefix):-1] for page in pages
                  for p in page.get("CommonPrefixes", ())]
         with self._cond:
-            for unit in units:
-                if unit not in self.committed and unit not in self._gone:
-                    self._pending.setdefault(unit, now)
+            new = [u for u in units if u not in self.committed and u not in self._gone
+                   and u not in self._pending and u not in self._historic]
+        for unit in new:
+            newest = self._parts.of(unit)[3]
+            if newest is None or newest.timestamp() < self._started - CLOCK_MARGIN_S:
+                self._historic.add(unit)
+                continue
+            with self._cond:
+                self._pending.setdefault(unit, now)
+
+    def _due(self, unit, since):
+        """Whether `unit`, pending since `since` (time.monotonic()), is
+        looked at now: every POLL_S for its first ACTIVE_S, then every
+        MAX_POLL_S (a unit that waits that long waits for a lost host)."""
+        now = time.monotonic()
+        if now < self._next_look.get(unit, 0.0):
+            return False
+        self._next_look[unit] = now + (POLL_S if now - since < ACTIVE_S else MAX_POLL_S)
+        return True
 
     def _look_at_parts(self, unit):
         """The master: commit `unit` once the part of every host that
         claimed it is durable, CLAIM_WINDOW_S after the first claim."""
-        prefix = self.layout.parts_prefix(unit)
-        keys = {key[len(prefix):-len(".json")]: key
-                for key in list_objects(self.client, self.layout.bucket, prefix)
-                if key.endswith(".json")}
-        states, objects, written = {}, {}, []
-        for host, key in keys.items():
-            if host not in self.hosts or host == self.host:
-                continue
-            doc = json.loads(self.client.get_object(Bucket=self.layout.bucket,
-                                                    Key=key)["Body"].read())
-            states[host] = doc.get("state")
-            if doc.get("state") == "durable":
-                merge(objects, {k: (o["size"], o["etag"], (host,))
-                                for k, o in doc["objects"].items()})
-                written.append(doc.get("written_at") or 0.0)
+        with self._cond:
+            since = self._pending.get(unit)
+        if since is None or not self._due(unit, since):
+            return
+        states, objects, written, _ = self._parts.of(unit)
+        states.pop(self.host, None)  # its own part is known here
+        objects = {k: v for k, v in objects.items() if v[2] != (self.host,)}
         with self._cond:
             self._states[unit] = states
             seen = self._pending.get(unit)
@@ -491,9 +584,9 @@ class Committer:
                 log.warning("checkpoints: %s is not committed: waiting for the part of %s"
                             % (unit, ", ".join(missing)))
             return
-        if now < seen + CLAIM_WINDOW_S:
-            return
         hosts = sorted(set(states) | ({self.host} if mine is not None else set()))
+        if now < seen + CLAIM_WINDOW_S and len(hosts) < len(self.hosts):
+            return  # a writer's claim may still be on its way (none can be: every host claimed)
         self._write("commit", Record(unit, objects, max(written), None, tuple(hosts)))
 
     def _read_record(self, unit):

@@ -45,15 +45,17 @@ def uncovered(listed, layout, records):
 class Resume:
     """One host's part in choosing and restoring the job's checkpoint."""
 
-    def __init__(self, client, layout, local_dir, host, rule, reachable, uri):
+    def __init__(self, client, layout, local_dir, host, hosts, rule, reachable, uri):
         self.client = client
         self.layout = layout
         self.local_dir = local_dir
         self.host = host
+        self.hosts = hosts
         self.rule = rule
         self.reachable = reachable  # None, or why S3 could not be reached
         self.uri = uri
-        self.records = {}   # unit -> Record, as decided or read
+        self.records = {}    # unit -> Record of the plan, as decided or read
+        self.committed = {}  # unit -> Record of every whole record known (the master: all)
         self.restored = None
 
     def decide(self):
@@ -65,6 +67,9 @@ class Resume:
         try:
             listed = commits.list_objects(self.client, self.layout.bucket, self.layout.root)
             records, skipped = commits.whole_records(self.client, self.layout, listed)
+            for record in commits.recover(self.client, self.layout, self.hosts, listed, records):
+                records[record.unit] = record
+                skipped.pop(record.unit, None)
         except Exception as e:  # noqa: BLE001 - S3 gone since it was reached
             raise CheckpointRestoreError("%s: listing the commit records under %s failed: %s"
                                          % (self.host, self.uri, e)) from None
@@ -78,6 +83,7 @@ class Resume:
                             if len(names) > 10 else ""))
         plan = plan_units(records, self.layout)
         self.records = {r.unit: r for r in plan}
+        self.committed = dict(records)
         return [{"unit": r.unit, "etag": r.etag} for r in plan]
 
     def restore_here(self, plan):
@@ -112,7 +118,7 @@ class Resume:
         record = commits.parse_record(reply["Body"].read(), "s3://%s/%s" % (
             self.layout.bucket, key), str(unit), self.layout)
         record.etag = etag
-        self.records[unit] = record
+        self.records[unit] = self.committed[unit] = record
         return record
 
 
