@@ -56,7 +56,8 @@ def committed(unit):
     import boto3
     c = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"], region_name="us-east-1")
     try:
-        c.head_object(Bucket=os.environ["TT_BUCKET"], Key="ckpt/.training-toolkit/commits/%s.json" % unit)
+        c.head_object(Bucket=os.environ["TT_BUCKET"],
+                      Key="ckpt/.training-toolkit/commits/%s.json" % unit)
         return True
     except Exception:
         return False
@@ -411,3 +412,69 @@ def test_a_rotation_that_keeps_one_step_never_leaves_s3_without_a_whole_checkpoi
     data = sorted(o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="ckpt/step-")[
         "Contents"])
     assert data == ["ckpt/step-8/COMPLETE", "ckpt/step-8/model.bin", "ckpt/step-8/optim.bin"]
+
+
+# -- a host deletes only what it wrote --------------------------------------------
+
+# Phase "first": each host saves step-1 (its shard, its marker). Phase
+# "second" (RESTORE=all: each host restored both shards): each saves step-2,
+# waits for its commit, then algo-2 alone deletes step-1 and waits until
+# step-1's record is gone.
+OWNERS = PRELUDE + """
+import shutil
+
+def save(step):
+    d = os.path.join(D, "step-%d" % step)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "shard-%s.bin" % HOST), "wb") as f:
+        f.write(HOST.encode() * 100)
+    barrier("saved-%d" % step)
+    touch(os.path.join(d, "COMPLETE"))
+
+def until(check):
+    deadline = time.monotonic() + 120
+    while not check():
+        if time.monotonic() > deadline:
+            sys.exit(7)
+        time.sleep(0.05)
+
+if PHASE == "first":
+    save(1)
+    until(lambda: committed("step-1"))
+else:
+    note("found", files_here())
+    save(2)
+    until(lambda: committed("step-2"))
+    if HOST == "algo-2":
+        shutil.rmtree(os.path.join(D, "step-1"))
+        until(lambda: not committed("step-1"))
+        time.sleep(1)  # its own deletes, which follow the record's
+    barrier("done")
+"""
+
+
+def test_under_one_prefix_a_host_deletes_only_what_it_wrote(tmp_path, s3_server):
+    require_cluster()
+    bucket = "owners-%d" % os.getpid()
+    client = s3_client(s3_server)
+    client.create_bucket(Bucket=bucket)
+    for phase, extra in (("first", {}), ("second", {"TRAINING_TOOLKIT_CHECKPOINT_RESTORE": "all"})):
+        shared = tmp_path / phase / "shared"
+        shared.mkdir(parents=True)
+        with ClusterJob(tmp_path / phase, 2, {"train.py": OWNERS}) as cj:
+            cj.start(**cluster_env(cj, s3_server, bucket, TT_SHARED=str(shared), TT_PHASE=phase,
+                                   **extra))
+            cj.wait(timeout=180)
+            errors = errors_of(cj)
+            assert cj.codes() == {"algo-1": 0, "algo-2": 0}, errors
+            if phase == "second":
+                found = json.loads(cj.read("algo-2", "model", "found.json"))
+                status = json.loads(cj.read("algo-2", "output", "status.json"))["checkpoints"]
+    # algo-2 had restored algo-1's shard too.
+    assert found == ["step-1/COMPLETE", "step-1/shard-algo-1.bin", "step-1/shard-algo-2.bin"]
+    keys = sorted(o["Key"][len("ckpt/"):] for o in client.list_objects_v2(
+        Bucket=bucket, Prefix="ckpt/step-1/").get("Contents", ()))
+    # What algo-1 wrote stays (its shard, and its marker, which it keeps here);
+    # algo-2's own shard is gone.
+    assert keys == ["step-1/COMPLETE", "step-1/shard-algo-1.bin"], (keys, status)
+    assert whole_commits(client, bucket) == ["step-2"]

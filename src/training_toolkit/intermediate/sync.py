@@ -354,8 +354,9 @@ class Sync:
         round_, list_failures = 0, 0
         while True:
             self._loop(draining=True)
+            foreign = self._uploads.foreign()  # another host's, restored here as it is
             present = {rel: sig for rel, sig in self._watcher.present().items()
-                       if self.rules.ready(self.root, rel)}
+                       if self.rules.ready(self.root, rel) and rel not in foreign}
             listed = self._list() if self._time_left() > 0 else None
             if listed is None and self._time_left() > 0:
                 list_failures += 1

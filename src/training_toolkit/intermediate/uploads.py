@@ -185,6 +185,12 @@ class Uploads:
         moved = self._status.stats["bytes"]
         return moved / busy if busy > 0 and moved else None
 
+    def foreign(self):
+        """The paths seeded as another host's (restored, not owned) and
+        unchanged since: not this host's to upload, verify or delete."""
+        return {rel for rel, f in self._files.items()
+                if not f.ever_uploaded and f.sig is not None and not f.busy}
+
     def gone_but_uploaded(self):
         """The paths uploaded (or restored) that are no longer here."""
         return [rel for rel, f in self._files.items() if f.ever_uploaded and not f.busy

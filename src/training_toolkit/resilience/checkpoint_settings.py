@@ -53,10 +53,13 @@ class CheckpointSettings:
         if self.mode == "verify":
             return "%s, synced by SageMaker to %s; the newest checkpoint %s at the end" % (
                 self.local_dir, self.s3_uri, "verified" if self.verify else "not verified")
-        return "%s <-> %s: restored at start, each %s uploaded as it is written, deletes %s" % (
-            self.local_dir, self.s3_uri,
-            "directory with its %s marker (last)" % self.marker if self.marker else "file",
-            "mirrored" if self.mirror_deletes else "kept")
+        return ("%s <-> %s: the newest committed checkpoint restored at start (%s), each %s "
+                "uploaded as it is written and committed for the job, deletes %s" % (
+                    self.local_dir, self.s3_uri, "each host its own share"
+                    if self.restore_rule == "own" else "every file on every host",
+                    "directory with its %s marker (last)" % self.marker if self.marker
+                    else "file", "mirrored once a newer one is committed" if self.mirror_deletes
+                    else "kept"))
 
 
 def parse_s3_uri(uri, where):
