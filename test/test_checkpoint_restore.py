@@ -14,7 +14,6 @@ import time
 import pytest
 
 from s3_fixtures import s3_client
-from training_toolkit.intermediate.verify import expected_etag
 from training_toolkit.resilience import commits
 from training_toolkit.resilience.restore import (ASIDE, STAGING, RestoreFailed, restore,
                                                  share)
