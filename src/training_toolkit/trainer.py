@@ -328,10 +328,10 @@ def _drain_syncs(job):
     checkpoints = job.checkpoints
     if checkpoints is not None and checkpoints.finished:
         checkpoints = None
-    from .intermediate_output import drain_seconds
-
     drains = {}
     if sync is not None:
+        from .intermediate_output import drain_seconds
+
         drains[sync] = drain_seconds()
     if checkpoints is not None and checkpoints.settings.mode != "off":
         drains[checkpoints.sync] = checkpoints.settings.drain_s
