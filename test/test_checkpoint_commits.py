@@ -231,10 +231,23 @@ if PHASE == "first":
             touch(os.path.join(D, "step-%d" % step, "COMPLETE"))
         note("step-%d" % rank, step)
         time.sleep(0.3)
+elif PHASE == "restart" and os.environ["TRAINING_TOOLKIT_RESTART_COUNT"] == "0":
+    for step in (1, 2, 3):
+        dcp.save({"w%d" % rank: value("w%d" % rank, step)},
+                 checkpoint_id=os.path.join(D, "step-%d" % step))
+        dist.barrier()
+        if local == 0:
+            touch(os.path.join(D, "step-%d" % step, "COMPLETE"))
+    deadline = time.monotonic() + 120
+    while not committed("step-3") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if rank == 3:
+        sys.exit(1)  # the attempt fails; the others wait in the barrier until stopped
+    dist.barrier()
 else:
     resume = resume_point()
     step = int(resume.rsplit("-", 1)[1])
-    keys = ["w%d" % rank] if PHASE == "same" else ["w%d" % (2 * rank), "w%d" % (2 * rank + 1)]
+    keys = ["w%d" % rank] if PHASE != "reshard" else ["w%d" % (2 * rank), "w%d" % (2 * rank + 1)]
     state = {k: torch.zeros(4096) for k in keys}
     dcp.load(state, checkpoint_id=resume)
     note("loaded-%d" % rank, {"step": step, "keys": keys,
@@ -306,6 +319,40 @@ def test_torch_distributed_checkpoint_resumes_at_one_step_on_every_rank(tmp_path
                 "__3_0.distcp"], files
         assert {h: r["checkpoint"] for h, r in restored.items()} == {
             h: "step-%d" % newest for h in restored}, restored
+
+
+def test_after_a_restart_in_place_every_rank_loads_the_committed_step(tmp_path, s3_server):
+    """No host's dir holds the coordinator's `.metadata` but its own: the
+    restart fetches what each host's share lacks before its ranks start."""
+    pytest.importorskip("torch")
+    require_cluster()
+    from training_toolkit.distributed import Torchrun
+
+    bucket = "dcp-restart-%d" % os.getpid()
+    client = s3_client(s3_server)
+    client.create_bucket(Bucket=bucket)
+    client.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    with ClusterJob(tmp_path, 2, {"train.py": DCP},
+                    distributed=Torchrun(process_count_per_node=2)) as cj:
+        cj.start(**cluster_env(cj, s3_server, bucket, TT_SHARED=str(shared), TT_PHASE="restart",
+                               TRAINING_TOOLKIT_RESTARTS=1,
+                               TRAINING_TOOLKIT_RESTART_BACKOFF_S=0))
+        cj.wait(timeout=300)
+        errors = errors_of(cj)
+        assert cj.codes() == {"algo-1": 0, "algo-2": 0}, errors
+        loaded = {rank: json.loads(cj.read(cj.hosts[rank // 2], "model",
+                                           "loaded-%d.json" % rank)) for rank in range(4)}
+        assert {r: (v["step"], v["equal"]) for r, v in loaded.items()} == {
+            r: (3, True) for r in range(4)}, (loaded, errors)
+        assert sorted(os.listdir(cj.path("algo-2", "checkpoints", "step-3"))) == [
+            ".metadata", "COMPLETE", "__2_0.distcp", "__3_0.distcp"]
+        resilience = json.loads(cj.read("algo-2", "output", "data", "resilience.json"))
+        assert [a["attempt"] for a in resilience["attempts"]] == [0, 1], resilience
+    # The index algo-2 fetched was not uploaded again: algo-1's one PUT of it.
+    versions = client.list_object_versions(Bucket=bucket, Prefix="ckpt/step-3/.metadata")
+    assert len(versions["Versions"]) == 1, versions["Versions"]
 
 
 # -- the hosts agree -------------------------------------------------------------

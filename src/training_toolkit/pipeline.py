@@ -13,8 +13,8 @@ import stat
 import time
 
 from . import context, log, params
-from .errors import (ClusterError, CodeNotFoundError, ConfigError, ExecuteUserScriptError,
-                     HangError, NoProgressError, PreflightError)
+from .errors import (CheckpointRestoreError, ClusterError, CodeNotFoundError, ConfigError,
+                     ExecuteUserScriptError, HangError, NoProgressError, PreflightError)
 from .job.checks import check_requirements_file
 from .job.environment import Environment
 from .job.paths import entry_point_path, is_populated, remove_stop_file
@@ -315,8 +315,8 @@ class AttemptLoop:
                 variables[params.RESTART_COUNT_ENV] = str(attempts.number)
         self.reporter.set(resilience=attempts.summary())
         self.supervisor.warm_next = self._warm_next()
-        if attempts.number:
-            self._fresh_files()
+        if attempts.number:  # the previous attempt's: its ranks would stop at once
+            remove_stop_file(self.env.paths)
         try:
             if attempts.number:
                 from .cluster.rejoin import rejoin_for_attempt, parked_here
@@ -324,6 +324,8 @@ class AttemptLoop:
                 if not rejoin_for_attempt(self.env, plan, attempts.number,
                                           self.supervisor.standby_ready(parked_here(plan))):
                     self.supervisor.discard_standby()  # cold on every host
+                if self.job is not None and self.job.checkpoints is not None:
+                    self.job.checkpoints.restore_for_attempt(attempts.number)
             preflight(self.env, self.reporter, attempts.number)
             self.supervisor.started_warm = False
             outcome = _phase(self.reporter, "run", runner.run, plan, self.supervisor, self.env,
@@ -331,20 +333,13 @@ class AttemptLoop:
             if attempts.number:
                 attempts.entries[-1]["warm_start"] = self.supervisor.started_warm
             return outcome
-        except (ClusterError, PreflightError) as error:  # a host lost, or not fit to run
+        except (ClusterError, PreflightError, CheckpointRestoreError) as error:
+            # a host lost, not fit to run, or without the job's checkpoint
             attempts.end(error.exit_code, "preflight" if isinstance(error, PreflightError)
+                         else "restore" if isinstance(error, CheckpointRestoreError)
                          else "lost")
             attempts.save()
             raise
-
-    def _fresh_files(self):
-        """Before a restart: the previous attempt's stop file goes (its ranks
-        would stop at once), and the resume file names the newest committed
-        checkpoint (not a step the failed attempt left half-written)."""
-        remove_stop_file(self.env.paths)
-        wing = self.job.checkpoints if self.job is not None else None
-        if wing is not None:
-            wing.write_resume_file()
 
     def _warm_next(self):
         """What the next attempt's start differs in, while one may follow

@@ -158,6 +158,11 @@ class Sync:
         self._seeds.update(objects)
         return self
 
+    def expect(self, objects):
+        """Files about to appear in the tree as S3 holds them ({path: (size,
+        ETag, owned)}, a restore's): not uploaded again. Any thread."""
+        self._uploads.expect(objects)
+
     def start(self):
         os.makedirs(self.root, exist_ok=True)
         self._thread.start()

@@ -21,6 +21,7 @@ about 470 lines: every method reads or changes that one per-file state.
 """
 import collections
 import os
+import threading
 import time
 
 from .. import backoff, s3
@@ -85,6 +86,10 @@ class Uploads:
         self.rules = rules or EveryFile()
         self._held = {}      # path -> unit: a marker waiting for the rest of its unit
         self._deferred = set()  # paths whose delete waits for the rules' leave
+        # path -> (size, ETag, owned): files about to appear as S3 has them
+        # (a restore while the sync runs), seeded instead of uploaded.
+        self._expected = {}
+        self._expected_lock = threading.Lock()
         self._busy_since = None  # monotonic time since which something is in flight
         self._busy_s = 0.0   # seconds with something in flight: the upload rate's time
         self.bucket = bucket
@@ -178,6 +183,27 @@ class Uploads:
         f = self._files[rel] = _File()
         f.sig, f.etag, f.ever_uploaded = sig, etag, owned
 
+    def expect(self, objects):
+        """Files about to appear here as S3 holds them, {path: (size, ETag,
+        owned)}: each is seeded when it comes, not uploaded. Any thread."""
+        with self._expected_lock:
+            self._expected.update(objects)
+
+    def _arrived(self, rel, path):
+        """Whether `rel` is an expected file, now here and seeded."""
+        with self._expected_lock:
+            expected = self._expected.pop(rel, None)
+        if expected is None:
+            return False
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        if st.st_size != expected[0] or self._files.get(rel, _File()).busy:
+            return False
+        self.seed(rel, signature(st), expected[1], expected[2])
+        return True
+
     def upload_rate(self):
         """Bytes per second while something was in flight, or None."""
         busy = self._busy_s + (time.monotonic() - self._busy_since
@@ -245,6 +271,8 @@ class Uploads:
             return
         path = os.path.join(self.root, rel)
         if os.path.lexists(path):  # else a delete, which may go now
+            if self._expected and self._arrived(rel, path):
+                return
             self.rules.seen(rel)
             if not self.rules.ready(self.root, rel):
                 return  # its unit is not complete yet: the marker brings it

@@ -109,7 +109,8 @@ class Checkpoints:
 
         s = self.settings
         resume = self._resume = Resume(self._s3(), s.layout, s.local_dir, self.host,
-                                       self.hosts, s.restore_rule, unreachable, s.s3_uri)
+                                       self.hosts, s.restore_rule, unreachable, s.s3_uri,
+                                       self.sync)
         deadline = time.monotonic() + params.setting(os.environ,
                                                      params.CHECKPOINT_RESTORE_DEADLINE_ENV)
         self.agree(round_, deadline, resume.decide, resume.restore_here)
@@ -124,6 +125,17 @@ class Checkpoints:
             self.committer.start(resume.committed.values())
             self.sync.seed(restored.objects if restored else {}).start()
         self.write_resume_file()
+
+    def restore_for_attempt(self, attempt):
+        """Before restart `attempt`, every host rejoined: the job's newest
+        committed checkpoint, agreed again across the hosts, and what this
+        host's share of it lacks here fetched (a host whose ranks read a
+        file another host wrote, torch.distributed.checkpoint's `.metadata`);
+        then the resume file. 75 where a host cannot."""
+        if self.sync is None or self.settings.mode != "sync":
+            self.write_resume_file()
+            return
+        self._restore(None, round_=attempt)
 
     def write_resume_file(self):
         """The ranks' resume file: the path of the newest checkpoint committed

@@ -80,24 +80,37 @@ def share(record, layout, host, rule):
     return out
 
 
-def restore(client, layout, local_dir, host, records, rule="own", concurrency=10):
+def restore(client, layout, local_dir, host, records, rule="own", concurrency=10,
+            fill_only=False, before_place=None):
     """Restore this host's share of each Record of `records` into
-    `local_dir`; raises RestoreFailed naming the unit and the file."""
+    `local_dir`; raises RestoreFailed naming the unit and the file. With
+    `fill_only` (a restart in place, the sync running), only what the dir
+    lacks is fetched, and nothing is moved aside (what differs stays and is
+    reported in `skipped`); `before_place(objects)` hears of each unit's
+    files just before they are moved into place."""
     start = time.monotonic()
     os.makedirs(local_dir, exist_ok=True)
     _sweep(local_dir)  # what a killed restore left
-    restored, kept, aside, objects, files, size = [], [], [], {}, 0, 0
+    restored, kept, aside, skipped, objects, files, size = [], [], [], [], {}, 0, 0
     try:
         for record in records:
             mine = share(record, layout, host, rule)
+            if fill_only:
+                wanted, differs = _missing(local_dir, record.unit, mine)
+                skipped += [(rel, "differs from the committed one: kept as it is")
+                            for rel in differs]
+                moved = None
+            else:
+                wanted, moved = _compare(local_dir, record.unit, mine)
             objects.update((rel, obj[:3]) for rel, obj in mine.items())
-            wanted, moved = _compare(local_dir, record.unit, mine)
             if moved:
                 aside.append(moved)
             if not wanted:
                 kept.append(record.unit)
                 continue
             _download(client, layout, local_dir, record.unit, wanted, concurrency)
+            if before_place is not None:
+                before_place({rel: obj[:3] for rel, obj in wanted.items()})
             _put_in_place(local_dir, record.unit)
             restored.append(record.unit)
             files += len(wanted)
@@ -109,7 +122,8 @@ def restore(client, layout, local_dir, host, records, rule="own", concurrency=10
     here = {r.unit: r for r in records if r.unit in restored or r.unit in kept}
     best = newest(here)
     return Restored(best.unit if best else None, tuple(restored), files, size,
-                    time.monotonic() - start, tuple(kept), tuple(aside), (), objects)
+                    time.monotonic() - start, tuple(kept), tuple(aside), tuple(skipped),
+                    objects)
 
 
 def _local_files(local_dir, unit):
@@ -153,6 +167,13 @@ def _compare(local_dir, unit, mine):
         return dict(mine), None
     moved = _move_aside(local_dir, unit)
     return dict(mine), moved
+
+
+def _missing(local_dir, unit, mine):
+    """(what of `mine` the dir lacks, the paths it holds with other content)."""
+    here = _local_files(local_dir, unit)
+    return ({rel: obj for rel, obj in mine.items() if rel not in here},
+            sorted(rel for rel in mine if rel in here and not _same(here[rel], *mine[rel][:2])))
 
 
 def _move_aside(local_dir, unit):

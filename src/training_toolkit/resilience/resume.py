@@ -45,7 +45,11 @@ def uncovered(listed, layout, records):
 class Resume:
     """One host's part in choosing and restoring the job's checkpoint."""
 
-    def __init__(self, client, layout, local_dir, host, hosts, rule, reachable, uri):
+    def __init__(self, client, layout, local_dir, host, hosts, rule, reachable, uri,
+                 sync=None):
+        """`sync`: the checkpoint sync, where it runs already (a restart in
+        place): then only what the dir lacks is fetched, nothing is moved
+        aside, and the sync takes the fetched files as S3's."""
         self.client = client
         self.layout = layout
         self.local_dir = local_dir
@@ -57,6 +61,7 @@ class Resume:
         self.records = {}    # unit -> Record of the plan, as decided or read
         self.committed = {}  # unit -> Record of every whole record known (the master: all)
         self.restored = None
+        self.sync = sync
 
     def decide(self):
         """The master's plan: [{"unit", "etag"}] of the units to restore."""
@@ -67,9 +72,11 @@ class Resume:
         try:
             listed = commits.list_objects(self.client, self.layout.bucket, self.layout.root)
             records, skipped = commits.whole_records(self.client, self.layout, listed)
-            for record in commits.recover(self.client, self.layout, self.hosts, listed, records):
-                records[record.unit] = record
-                skipped.pop(record.unit, None)
+            if self.sync is None:  # at start: what a master gone first left uncommitted
+                for record in commits.recover(self.client, self.layout, self.hosts, listed,
+                                              records):
+                    records[record.unit] = record
+                    skipped.pop(record.unit, None)
         except Exception as e:  # noqa: BLE001 - S3 gone since it was reached
             raise CheckpointRestoreError("%s: listing the commit records under %s failed: %s"
                                          % (self.host, self.uri, e)) from None
@@ -98,8 +105,10 @@ class Resume:
                                                                self.reachable)
         try:
             records = [self._record(item) for item in plan]
-            self.restored = restore(self.client, self.layout, self.local_dir, self.host,
-                                    records, self.rule)
+            self.restored = restore(
+                self.client, self.layout, self.local_dir, self.host, records, self.rule,
+                fill_only=self.sync is not None,
+                before_place=self.sync.expect if self.sync is not None else None)
         except RestoreFailed as e:
             return "%s: %s" % (self.host, e)
         except Exception as e:  # noqa: BLE001 - S3 gone meanwhile, the disk full
