@@ -15,7 +15,7 @@ class CheckpointRules(EveryFile):
     with a `marker`, a top-level directory's files go up only once the
     marker exists in it, and the marker after them all. This host's part of
     a unit is durable when its marker is in S3 (without a marker: when
-    nothing of it is left to upload); the committer (commits.Committer)
+    nothing of it is left to upload); the committer (committer.Committer)
     then makes it the job's, and says when a deleted unit's objects may go.
     The toolkit's own names (`.training-toolkit*`, the restore's staging)
     are never a unit."""

@@ -213,7 +213,7 @@ class Checkpoints:
 
     def _make_sync(self):
         from ..intermediate.sync import Sync
-        from .commits import Committer
+        from .committer import Committer
 
         s = self.settings
         rules = CheckpointRules(s.marker, s.mirror_deletes, s.shared_prefix)
