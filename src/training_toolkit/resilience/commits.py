@@ -173,15 +173,17 @@ class Parts:
         self.client, self.layout, self.hosts = client, layout, set(hosts)
         self._cache = {}  # key -> (ETag, document)
 
-    def of(self, unit):
+    def of(self, unit, since=None):
         """({host: state}, merged objects of the durable parts, their
         written_at times, the newest LastModified of the part records (None
-        where there is none))."""
+        where there is none)). `since` (a time.time()): part records older
+        than it are a rewritten unit's earlier parts, left out."""
         prefix = self.layout.parts_prefix(unit)
         states, objects, written, newest = {}, {}, [], None
         for key, obj in list_objects(self.client, self.layout.bucket, prefix).items():
             host = key[len(prefix):-len(".json")] if key.endswith(".json") else None
-            if host not in self.hosts:
+            if host not in self.hosts or since is not None and \
+                    obj["LastModified"].timestamp() < since:
                 continue
             etag = obj["ETag"]
             newest = max(newest or obj["LastModified"], obj["LastModified"])

@@ -56,6 +56,7 @@ class Committer:
         self._states = {}        # master: unit -> {host: part state}, as last listed
         self.committed = {}      # unit -> Record known committed (here, seen, or restored)
         self._gone = {}          # unit deleted here -> "waiting", "retracted", "done"
+        self._rewritten = {}     # unit written again here -> its last commit's committed_at
         self._next_log = {}
         self._next_look = {}     # unit (or ("gone", unit)) -> monotonic time of its next look
         self._since = {}         # unit (or ("gone", unit)) -> since when it waits here
@@ -77,10 +78,14 @@ class Committer:
     # -- the sync thread's calls ------------------------------------------
 
     def claim(self, unit):
-        """A directory unit appeared on this host."""
-        if self.alone:
-            return
+        """A directory unit appeared on this host, or is written again
+        there: no longer whole, until committed again from fresh parts."""
         with self._cond:
+            previous = self.committed.pop(unit, None)
+            if previous is not None:
+                self._rewritten[unit] = previous.committed_at
+            if self.alone:
+                return
             self._gone.pop(unit, None)
             if self.is_master:
                 self._pending.setdefault(unit, time.monotonic())
@@ -245,7 +250,7 @@ class Committer:
                 if not self._due(unit, self._since.get(unit, 0.0)):
                     continue
                 record = self._read_record(unit)
-                if record is not None:
+                if record is not None and record.committed_at > self._rewritten.get(unit, 0.0):
                     with self._cond:
                         self.committed[unit] = record
                         self._cond.notify_all()
@@ -295,7 +300,7 @@ class Committer:
             since = self._pending.get(unit)
         if since is None or not self._due(unit, since):
             return
-        states, objects, written, _ = self._parts.of(unit)
+        states, objects, written, _ = self._parts.of(unit, self._rewritten.get(unit))
         states.pop(self.host, None)  # its own part is known here
         objects = {k: v for k, v in objects.items() if v[2] != (self.host,)}
         with self._cond:
