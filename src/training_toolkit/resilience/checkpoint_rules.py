@@ -73,6 +73,7 @@ class CheckpointRules(EveryFile):
         if self.committer is not None:
             self.committer.part_durable(unit, dict(self._objects[unit]), written_at,
                                         root_file=not sep)
+        self._claimed.discard(unit)  # a file of it written from now on writes it again
         return self.durable
 
     def may_delete(self, rel):
