@@ -216,3 +216,34 @@ def test_a_bad_restore_rule_is_refused_before_any_user_code(tmp_path):
     assert r.returncode == 78, r.stderr.decode()
     assert "TRAINING_TOOLKIT_CHECKPOINT_RESTORE" in job.failure()
     assert not os.path.exists(os.path.join(job.base, "code", "ran"))
+
+
+# -- a unit written again in place ----------------------------------------------
+
+REWRITE = """
+import hashlib
+for version in (b"first", b"second"):
+    write("latest/model.bin", version * 1000)
+    write("latest/COMPLETE", version)
+    want = hashlib.md5(version * 1000).hexdigest()
+    def recommitted():
+        try:
+            body = s3().get_object(Bucket=INFO["bucket"],
+                                   Key=INFO["prefix"] + ".training-toolkit/commits/latest.json")
+        except Exception:
+            return False
+        return json.loads(body["Body"].read())["objects"]["latest/model.bin"]["etag"] == want
+    note("committed-" + version.decode(), until(recommitted))
+"""
+
+
+def test_a_unit_written_again_in_place_is_committed_again_with_its_new_content(
+        tmp_path, s3_server, bucket):
+    job, env = ckpt_job(tmp_path / "first", REWRITE, bucket, s3_server)
+    run(job, env)
+    assert note(job, "committed-first") is True and note(job, "committed-second") is True
+    assert ckpt_status(job)["last_durable"]["name"] == "latest"
+    job, env = ckpt_job(tmp_path / "second", "", bucket, s3_server)
+    run(job, env)
+    with open(os.path.join(job.base, "checkpoints", "latest", "model.bin"), "rb") as f:
+        assert f.read() == b"second" * 1000

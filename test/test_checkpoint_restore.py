@@ -311,3 +311,13 @@ def test_at_start_the_master_commits_what_every_host_left_durable(bucket):
     records, _ = commits.whole_records(client, layout)
     assert sorted(records) == ["step-1"] and records["step-1"].hosts == hosts
     assert records["step-1"].written_at == 5.0
+
+
+def test_a_rewritten_units_earlier_parts_are_left_out(bucket):
+    client, layout = bucket
+    _part(client, layout, "latest", "algo-2", "durable", {"latest/algo-2": b"old"})
+    listed = commits.list_objects(client, layout.bucket, layout.parts_prefix("latest"))
+    written = max(o["LastModified"].timestamp() for o in listed.values())
+    parts = commits.Parts(client, layout, ("algo-1", "algo-2"))
+    assert parts.of("latest")[0] == {"algo-2": "durable"}
+    assert parts.of("latest", since=written + 1)[0] == {}  # written before the last commit
