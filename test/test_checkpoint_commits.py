@@ -525,3 +525,52 @@ def test_under_one_prefix_a_host_deletes_only_what_it_wrote(tmp_path, s3_server)
     # algo-2's own shard is gone.
     assert keys == ["step-1/COMPLETE", "step-1/shard-algo-1.bin"], (keys, status)
     assert whole_commits(client, bucket) == ["step-2"]
+
+
+# -- a prefix per host ----------------------------------------------------------------
+
+PER_HOST = PRELUDE + """
+if PHASE == "first":
+    d = os.path.join(D, "step-1")
+    os.makedirs(d)
+    with open(os.path.join(d, "shard.bin"), "wb") as f:
+        f.write(HOST.encode())
+    barrier("saved")
+    touch(os.path.join(d, "COMPLETE"))
+    deadline = time.monotonic() + 120
+    while not committed("step-1"):
+        if time.monotonic() > deadline:
+            sys.exit(8)
+        time.sleep(0.05)
+else:
+    with open(os.path.join(D, "step-1", "shard.bin")) as f:
+        note("found", {"files": files_here(), "shard": f.read(), "resume": resume_point()})
+"""
+
+
+def test_with_a_prefix_per_host_the_job_commits_once_and_each_host_restores_its_own(
+        tmp_path, s3_server):
+    require_cluster()
+    bucket = "per-host-%d" % os.getpid()
+    client = s3_client(s3_server)
+    client.create_bucket(Bucket=bucket)
+    for phase in ("first", "second"):
+        shared = tmp_path / phase / "shared"
+        shared.mkdir(parents=True)
+        with ClusterJob(tmp_path / phase, 2, {"train.py": PER_HOST}) as cj:
+            cj.start(**cluster_env(cj, s3_server, bucket, TT_SHARED=str(shared), TT_PHASE=phase,
+                                   TRAINING_TOOLKIT_CHECKPOINT_S3_URI="s3://%s/ckpt/{host}"
+                                   % bucket))
+            cj.wait(timeout=180)
+            errors = errors_of(cj)
+            assert cj.codes() == {"algo-1": 0, "algo-2": 0}, errors
+            if phase == "second":
+                found = {h: json.loads(cj.read(h, "model", "found.json")) for h in cj.hosts}
+    record = json.loads(client.get_object(
+        Bucket=bucket, Key="ckpt/.training-toolkit/commits/step-1.json")["Body"].read())
+    assert sorted(record["objects"]) == [
+        "algo-1/step-1/COMPLETE", "algo-1/step-1/shard.bin", "algo-2/step-1/COMPLETE",
+        "algo-2/step-1/shard.bin"], record
+    for host in ("algo-1", "algo-2"):
+        assert found[host] == {"files": ["step-1/COMPLETE", "step-1/shard.bin"], "shard": host,
+                               "resume": "/opt/ml/checkpoints/step-1"}, found
