@@ -157,6 +157,13 @@ def test_each_host_restores_its_own_part_the_index_and_the_shared_names():
     root_file = commits.Record("last.pt", {"last.pt": (3, "e", ("algo-1",))}, 1.0, 2.0,
                                ("algo-1",))
     assert sorted(share(root_file, LAYOUT, "algo-2", "own")) == ["last.pt"]
+    # rank 0 saved the whole state alone: every rank reads it, every host restores it
+    alone = commits.Record("step-2", {"step-2/model.pt": (3, "e", ("algo-1",)),
+                                      "step-2/COMPLETE": (0, "c", ("algo-1",))}, 1.0, 2.0,
+                           ("algo-1",))
+    assert sorted(share(alone, LAYOUT, "algo-2", "own")) == ["step-2/COMPLETE",
+                                                             "step-2/model.pt"]
+    assert share(alone, LAYOUT, "algo-2", "own")["step-2/model.pt"][2] is False  # not its own
 
 
 def test_under_a_prefix_per_host_each_restores_its_own_prefix(bucket, tmp_path):

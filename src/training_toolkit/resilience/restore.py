@@ -1,14 +1,14 @@
 """Restoring committed checkpoints from S3 into the local checkpoint dir,
-before any user code runs.
+before any user code runs (and before each restart in place).
 
 What is restored is decided for the whole job (cluster/checkpoint_plan.py):
 the newest committed directory unit and every committed file at the root,
 each as its commit record (resilience/commits.py) lists it. This host
-restores its share of each (`share`): under `own`, the default, the
-objects it wrote itself (a name every host wrote, a COMPLETE marker, is
-each one's), every object of a root file, and the unit's index
-files (a name starting with "."; torch.distributed.checkpoint's
-`.metadata`); under `all`, every object. A file already here is kept only
+restores its share of each (`share`). Under `own`, the default: the objects
+it wrote itself (a name every host wrote, a COMPLETE marker, is each one's),
+every object of a root file or of a unit one host wrote alone, and the
+unit's index files (a name starting with "."; torch.distributed.checkpoint's
+`.metadata`). Under `all`: every object. A file already here is kept only
 when its content is the record's (size and ETag, computed from the bytes);
 a local unit holding anything else (another content, files the record does
 not have) is moved aside into DIR/.training-toolkit-aside/, never deleted.
@@ -68,14 +68,18 @@ def is_index(key):
 
 def share(record, layout, host, rule):
     """{local rel: (size, ETag, owned, key)} of the objects of `record`
-    that `host` restores under `rule` (`key`: the object's, from the bucket)."""
+    that `host` restores under `rule` (`key`: the object's, from the bucket).
+    A unit that one host wrote alone (rank 0's save of the whole state) is
+    every host's under a shared prefix: every rank reads it."""
     out = {}
+    writers_of_unit = {h for _, _, writers in record.objects.values() for h in writers}
+    everyone = rule == "all" or layout.shared and len(writers_of_unit) == 1
     for key, (size, etag, writers) in record.objects.items():
         mine = host in writers
         rel = layout.rel_of(host, key) if layout.shared or mine else None
         if rel is None:
             continue
-        if rule == "all" or mine or rel == record.unit or is_index(rel):
+        if everyone or mine or rel == record.unit or is_index(rel):
             out[rel] = (size, etag, mine, layout.root + key)
     return out
 
