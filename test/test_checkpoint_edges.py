@@ -247,3 +247,29 @@ def test_a_unit_written_again_in_place_is_committed_again_with_its_new_content(
     run(job, env)
     with open(os.path.join(job.base, "checkpoints", "latest", "model.bin"), "rb") as f:
         assert f.read() == b"second" * 1000
+
+
+# -- a directory deleted slowly ---------------------------------------------------
+
+# step-1 then step-2 committed; then step-1 deleted file by file, slowly (as
+# rmtree of large files is), the dir last: its deletes reach S3 once step-2
+# is committed, while the job runs.
+SLOW_DELETE = """
+save_step(1)
+until(lambda: in_s3(1))
+save_step(2)
+until(lambda: in_s3(2))
+for name in os.listdir(os.path.join(D, "step-1")):
+    os.unlink(os.path.join(D, "step-1", name))
+    time.sleep(0.2)
+os.rmdir(os.path.join(D, "step-1"))
+note("gone", until(lambda: not s3_keys("step-1/")))
+"""
+
+
+def test_a_unit_deleted_file_by_file_leaves_s3_once_a_newer_one_is_committed(
+        tmp_path, s3_server, bucket):
+    job, env = ckpt_job(tmp_path, SLOW_DELETE, bucket, s3_server)
+    run(job, env)
+    assert note(job, "gone") is True
+    assert ckpt_status(job)["sync"]["deletes"] == 3

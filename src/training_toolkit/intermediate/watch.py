@@ -179,6 +179,10 @@ class TreeWatcher:
                 elif event.mask & f.MOVED_FROM:
                     self._forget_tree(rel)
                     wanted[rel] = False
+                elif event.mask & f.DELETE:
+                    # Its files' deletes may have come while it was still
+                    # there (a large file is slow to free): it is gone now.
+                    wanted[rel] = False
             elif event.mask & (f.CLOSE_WRITE | f.MOVED_TO):
                 wanted[rel] = True
             elif event.mask & (f.MOVED_FROM | f.DELETE):

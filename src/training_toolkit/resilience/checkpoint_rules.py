@@ -106,7 +106,7 @@ def complete_units(local_dir, marker):
             continue
         try:
             if not entry.is_dir(follow_symlinks=False):
-                if entry.is_file() and not CheckpointRules.own_name(entry.name):
+                if entry.is_file():
                     units[entry.name] = entry.stat().st_mtime
                 continue
             if marker is not None:
