@@ -16,40 +16,21 @@ import time
 
 from ..errors import CheckpointRestoreError
 from ..resilience.resume import agree_alone
-from .control import MasterControl, Refused, WorkerLink
+from .control import Refused, WorkerLink
+from .exchange import RoundReports
 
 # What a worker's report may arrive after the master's deadline, and what a
 # worker waits beyond it for the verdict.
 REPORT_GRACE_S = 5.0
 
 
-class _PlanServer(MasterControl):
-    """The master's side: the control server, taking each worker's report."""
+class _PlanServer(RoundReports):
+    """The master's side: each worker's report, its failure line or ""."""
 
-    def __init__(self, port, workers, key, round_):
-        self.round = round_
-        self.reports = {}
-        super().__init__(port, workers, key)
+    kind, during = "restore_report", "checkpoint restore"
 
-    def _handle(self, message):
-        host = self._known(message.get("host", ""))
-        if message["type"] != "restore_report" or host is None or \
-                message["round"] != self.round:
-            self.drops.note(message.get("host", "?")[:80], "a %r message during the "
-                            "checkpoint restore" % message["type"][:40])
-            return
-        with self._joined:
-            self.reports[host] = message["failure"]
-            self._joined.notify_all()
-
-    def wait_for_reports(self, deadline):
-        with self._joined:
-            while True:
-                missing = sorted(self.workers - set(self.reports))
-                left = deadline - time.monotonic()
-                if not missing or left <= 0:
-                    return missing
-                self._joined.wait(min(left, 0.5))
+    def take(self, host, message):
+        return message["failure"]
 
 
 def agree(hosts, me, port, key, round_, deadline, decide, restore_here):

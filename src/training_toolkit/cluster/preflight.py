@@ -42,8 +42,8 @@ from .. import backoff, log, params
 from ..errors import PreflightError
 from ..resilience import preflight, probes
 from ..resilience.preflight import Check, HostRecord, settings_of as settings_of
-from .control import (Listening, MasterControl, Refused, WorkerLink, control_port,
-                      job_key_for)
+from .control import Listening, Refused, WorkerLink, control_port, job_key_for
+from .exchange import RoundReports
 from .wire import JOB_SECRET_ENV, TO_MASTER, TO_WORKER, Rejected, Stream, nonce, valid
 
 # The pre-flight's ports, from the control port: peers' probes, the all-reduce's store.
@@ -297,44 +297,19 @@ def send_bandwidth(peer, port, key, me, round_, deadline, min_gbps):
 
 # -- the exchange -------------------------------------------------------------
 
-class _ReportServer(MasterControl):
-    """The master's side of the exchange: the control server, taking each
-    worker's report of this round."""
+class _ReportServer(RoundReports):
+    """The master's side of the exchange: each worker's checks of this round."""
 
-    def __init__(self, port, workers, key, round_):
-        self.round = round_
-        self.reports = {}
-        super().__init__(port, workers, key)
+    kind, during = "preflight_report", "pre-flight"
 
-    def _handle(self, message):
-        host = self._known(message.get("host", ""))
-        if message["type"] != "preflight_report" or host is None:
-            self.drops.note(message.get("host", "?")[:80], "a %r message during the "
-                            "pre-flight" % message["type"][:40])
-            return
-        if message["round"] != self.round:
-            self.drops.note(host, "a pre-flight report of round %d, not %d"
-                            % (message["round"], self.round))
-            return
+    def take(self, host, message):
         checks = []
         for item in message["checks"]:
             try:
                 checks.append(Check.from_dict(item))
             except (TypeError, ValueError):
                 checks.append(Check("report", False, "sent a malformed check"))
-        with self._joined:
-            self.reports[host] = checks
-            self._joined.notify_all()
-
-    def wait_for_reports(self, deadline):
-        """The workers still missing at `deadline` (none: all reported)."""
-        with self._joined:
-            while True:
-                missing = sorted(self.workers - set(self.reports))
-                left = deadline - time.monotonic()
-                if not missing or left <= 0:
-                    return missing
-                self._joined.wait(min(left, 0.5))
+        return checks
 
 
 def _open_exchange(port, workers, key, round_):
