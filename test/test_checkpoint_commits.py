@@ -62,6 +62,13 @@ def committed(unit):
     except Exception:
         return False
 
+def wait_committed(unit):
+    deadline = time.monotonic() + 120
+    while not committed(unit):
+        if time.monotonic() > deadline:
+            sys.exit(8)
+        time.sleep(0.05)
+
 def resume_point():
     with open(os.environ["TRAINING_TOOLKIT_CHECKPOINT_RESUME"]) as f:
         return f.read().strip()
@@ -82,6 +89,14 @@ def cluster_env(cj, s3_server, bucket, **extra):
            "AWS_DEFAULT_REGION": "us-east-1"}
     env.update(extra)
     return env
+
+
+def fresh_bucket(s3_server, name):
+    """(a new bucket named after the test and this run, a client of moto)."""
+    bucket = "%s-%d" % (name, os.getpid())
+    client = s3_client(s3_server)
+    client.create_bucket(Bucket=bucket)
+    return bucket, client
 
 
 def kill_host(cj, host):
@@ -144,11 +159,7 @@ def save(step, size):
 
 if PHASE == "first":
     save(1, 1000)
-    deadline = time.monotonic() + 120
-    while not committed("step-1"):
-        if time.monotonic() > deadline:
-            sys.exit(8)
-        time.sleep(0.05)
+    wait_committed("step-1")
     save(2, BIG if HOST == "algo-2" else 1000)
     touch(os.path.join(SHARED, "marked-2-" + HOST))
     time.sleep(300)
@@ -160,9 +171,7 @@ else:
 def test_a_torn_step_is_never_committed_and_every_host_resumes_from_the_last_whole_one(
         tmp_path, s3_server):
     require_cluster()
-    bucket = "torn-%d" % os.getpid()
-    client = s3_client(s3_server)
-    client.create_bucket(Bucket=bucket)
+    bucket, client = fresh_bucket(s3_server, "torn")
     shared = tmp_path / "first" / "shared"
     shared.mkdir(parents=True)
     with ClusterJob(tmp_path / "first", 2, {"train.py": TORN}) as cj:
@@ -261,9 +270,7 @@ def test_torch_distributed_checkpoint_resumes_at_one_step_on_every_rank(tmp_path
     require_cluster()
     from training_toolkit.distributed import Torchrun
 
-    bucket = "dcp-%d" % os.getpid()
-    client = s3_client(s3_server)
-    client.create_bucket(Bucket=bucket)
+    bucket, client = fresh_bucket(s3_server, "dcp")
 
     def run(name, phase, per_host, **extra):
         shared = tmp_path / name / "shared"
@@ -328,9 +335,7 @@ def test_after_a_restart_in_place_every_rank_loads_the_committed_step(tmp_path, 
     require_cluster()
     from training_toolkit.distributed import Torchrun
 
-    bucket = "dcp-restart-%d" % os.getpid()
-    client = s3_client(s3_server)
-    client.create_bucket(Bucket=bucket)
+    bucket, client = fresh_bucket(s3_server, "dcp-restart")
     client.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -368,9 +373,7 @@ def test_a_host_that_cannot_reach_s3_at_start_keeps_every_host_from_starting(tmp
     require_cluster()
     from training_toolkit.resilience import commits
 
-    bucket = "agree-%d" % os.getpid()
-    client = s3_client(s3_server)
-    client.create_bucket(Bucket=bucket)
+    bucket, client = fresh_bucket(s3_server, "agree")
     layout = commits.Layout(bucket, "ckpt/")
     objects = {}
     for host in ("algo-1", "algo-2"):  # step-1, committed for the job, as the master does
@@ -426,9 +429,7 @@ def test_a_rotation_that_keeps_one_step_never_leaves_s3_without_a_whole_checkpoi
         tmp_path, s3_server):
     from jobs import Job
 
-    bucket = "rotate-%d" % os.getpid()
-    client = s3_client(s3_server)
-    client.create_bucket(Bucket=bucket)
+    bucket, client = fresh_bucket(s3_server, "rotate")
     seen, violations, stop = [], [], threading.Event()
 
     def watch():
@@ -502,9 +503,7 @@ else:
 
 def test_under_one_prefix_a_host_deletes_only_what_it_wrote(tmp_path, s3_server):
     require_cluster()
-    bucket = "owners-%d" % os.getpid()
-    client = s3_client(s3_server)
-    client.create_bucket(Bucket=bucket)
+    bucket, client = fresh_bucket(s3_server, "owners")
     for phase, extra in (("first", {}), ("second", {"TRAINING_TOOLKIT_CHECKPOINT_RESTORE": "all"})):
         shared = tmp_path / phase / "shared"
         shared.mkdir(parents=True)
@@ -537,11 +536,7 @@ if PHASE == "first":
         f.write(HOST.encode())
     barrier("saved")
     touch(os.path.join(d, "COMPLETE"))
-    deadline = time.monotonic() + 120
-    while not committed("step-1"):
-        if time.monotonic() > deadline:
-            sys.exit(8)
-        time.sleep(0.05)
+    wait_committed("step-1")
 else:
     with open(os.path.join(D, "step-1", "shard.bin")) as f:
         note("found", {"files": files_here(), "shard": f.read(), "resume": resume_point()})
@@ -551,9 +546,7 @@ else:
 def test_with_a_prefix_per_host_the_job_commits_once_and_each_host_restores_its_own(
         tmp_path, s3_server):
     require_cluster()
-    bucket = "per-host-%d" % os.getpid()
-    client = s3_client(s3_server)
-    client.create_bucket(Bucket=bucket)
+    bucket, client = fresh_bucket(s3_server, "per-host")
     for phase in ("first", "second"):
         shared = tmp_path / phase / "shared"
         shared.mkdir(parents=True)
