@@ -17,6 +17,7 @@ import time
 from .. import backoff, log, params
 from . import verify
 from .rules import EveryFile
+from .status import LOG_EVERY_S as LOG_EVERY_S, Status
 from .uploads import FIRST_BACKOFF_S, MAX_ATTEMPTS, MAX_BACKOFF_S, Uploads
 from .watch import RESCAN_S, TreeWatcher
 
@@ -24,8 +25,6 @@ DRAIN_ENV = params.DRAIN_ENV
 # The extra time finish() gives the sync thread past the deadline to stop
 # what is in flight.
 STOP_EXTRA_S = 0.5
-# A failure is logged at most this often (the counts are in the status).
-LOG_EVERY_S = 30.0
 # The sync loop, failed on something unexpected, starts again (after a
 # rescan of the tree) at most this many times within RESTART_WINDOW_S.
 MAX_RESTARTS = 3
@@ -54,60 +53,6 @@ def job_name(env, environ=os.environ):
     """TRAINING_JOB_NAME (set by the platform), else the Environment's
     sagemaker_job_name."""
     return environ.get(params.TRAINING_JOB_ENV) or env.job_name
-
-
-class Status:
-    """The counts and the state that snapshot() returns, under one lock. A
-    failure is logged at most every LOG_EVERY_S (named by `label`); the last
-    one is kept."""
-
-    def __init__(self, s3_uri, label="intermediate output"):
-        self.label = label
-        self.lock = threading.Lock()
-        self._last_log = 0.0
-        self.stats = {
-            "s3_uri": s3_uri,
-            "state": "starting",
-            "files": 0,
-            "uploads": 0,
-            "bytes": 0,
-            "failures": 0,
-            "deletes": 0,
-            "last_error": None,
-            "files_at_exit": None,
-            "verified": None,
-            "verification": None,
-            "not_verified": [],
-            "not_durable": [],
-            "pending_at_exit": None,
-            "drain_seconds": None,
-            "drain_limit_seconds": None,
-            "restarts": 0,
-        }
-
-    def snapshot(self):
-        with self.lock:
-            snap = dict(self.stats)
-            snap["not_verified"] = list(snap["not_verified"])
-            snap["not_durable"] = list(snap["not_durable"])
-        return snap
-
-    def update(self, **fields):
-        with self.lock:
-            self.stats.update(fields)
-
-    def add(self, **counts):
-        with self.lock:
-            for name, count in counts.items():
-                self.stats[name] += count
-
-    def record_error(self, err, what):
-        text = "%s: %s" % (what, err if str(err) else type(err).__name__)
-        self.update(last_error=text)
-        now = time.monotonic()
-        if now - self._last_log >= LOG_EVERY_S:
-            self._last_log = now
-            log.warning("%s: %s" % (self.label, text))
 
 
 class Sync:

@@ -17,7 +17,7 @@ turn as an upload would, with the same retries.
 The state is the sync thread's alone: the upload workers and the transfer
 manager's callbacks only post their results, which `handle_messages` takes
 on that thread (the requests themselves are in `requests`). One concern in
-about 470 lines: every method reads or changes that one per-file state.
+about 515 lines: every method reads or changes that one per-file state.
 """
 import collections
 import os
@@ -73,7 +73,7 @@ class _File:
 class Uploads:
     """The uploads of the files under `root` to s3://bucket/prefix.
 
-    `status` (sync.Status) counts them and hears of failures; `wake()` is
+    `status` (status.Status) counts them and hears of failures; `wake()` is
     called when a worker posts a result; `idle` (a threading.Event) is
     cleared when an upload starts; `stopping()` says whether the drain was
     asked for (a failure is then retried until the deadline). Failed files
