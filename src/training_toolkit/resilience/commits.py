@@ -38,6 +38,8 @@ from .. import log
 
 RESERVED = ".training-toolkit"
 FORMAT = 1
+# Part records read at once (the master reads every host's as they change).
+READ_CONCURRENCY = 16
 
 class BadRecord(ValueError):
     """A commit record that cannot be used; the message names the object."""
@@ -167,7 +169,7 @@ def merge(objects, part):
 
 class Parts:
     """The part records of the units' hosts, as last read: a record is read
-    again only when its ETag changed."""
+    again only when its ETag changed, READ_CONCURRENCY at a time."""
 
     def __init__(self, client, layout, hosts):
         self.client, self.layout, self.hosts = client, layout, set(hosts)
@@ -179,29 +181,45 @@ class Parts:
         where there is none)). `since` (a time.time()): part records older
         than it are a rewritten unit's earlier parts, left out."""
         prefix = self.layout.parts_prefix(unit)
-        states, objects, written, newest = {}, {}, [], None
+        listed = {}
         for key, obj in list_objects(self.client, self.layout.bucket, prefix).items():
             host = key[len(prefix):-len(".json")] if key.endswith(".json") else None
-            if host not in self.hosts or since is not None and \
-                    obj["LastModified"].timestamp() < since:
-                continue
-            etag = obj["ETag"]
-            newest = max(newest or obj["LastModified"], obj["LastModified"])
-            if self._cache.get(key, (None,))[0] != etag:
-                body = self.client.get_object(Bucket=self.layout.bucket, Key=key)["Body"].read()
-                try:
-                    doc = json.loads(body)
-                    states_ok = doc.get("state") in ("writing", "durable")
-                except ValueError:
-                    doc, states_ok = {}, False
-                self._cache[key] = (etag, doc if states_ok else {"state": "unreadable"})
+            if host in self.hosts and (since is None or
+                                       obj["LastModified"].timestamp() >= since):
+                listed[key] = (host, obj)
+        self._read([key for key, (_, obj) in listed.items()
+                    if self._cache.get(key, (None,))[0] != obj["ETag"]], listed)
+        states, objects, written = {}, {}, []
+        for key, (host, obj) in listed.items():
             doc = self._cache[key][1]
             states[host] = doc["state"]
             if doc["state"] == "durable":
                 merge(objects, {k: (o["size"], o["etag"], (host,))
                                 for k, o in doc["objects"].items()})
                 written.append(doc.get("written_at") or 0.0)
+        newest = max((obj["LastModified"] for _, obj in listed.values()), default=None)
         return states, objects, written, newest
+
+    def _read(self, keys, listed):
+        """Read the part records `keys` (changed since last read) into the cache."""
+        def read(key):
+            body = self.client.get_object(Bucket=self.layout.bucket, Key=key)["Body"].read()
+            try:
+                doc = json.loads(body)
+            except ValueError:
+                doc = {}
+            if not isinstance(doc, dict) or doc.get("state") not in ("writing", "durable"):
+                doc = {"state": "unreadable"}
+            self._cache[key] = (listed[key][1]["ETag"], doc)
+
+        if len(keys) < 2:
+            for key in keys:
+                read(key)
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(READ_CONCURRENCY, len(keys))) as pool:
+            list(pool.map(read, keys))
 
 
 def recover(client, layout, hosts, listed, records):
