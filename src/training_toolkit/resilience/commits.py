@@ -190,7 +190,7 @@ class Parts:
         self._read([key for key, (_, obj) in listed.items()
                     if self._cache.get(key, (None,))[0] != obj["ETag"]], listed)
         states, objects, written = {}, {}, []
-        for key, (host, obj) in listed.items():
+        for key, (host, _) in listed.items():
             doc = self._cache[key][1]
             states[host] = doc["state"]
             if doc["state"] == "durable":
