@@ -68,6 +68,7 @@ while True:
     if flag.item():
         save(step)
         open(os.path.join(os.environ["SM_MODEL_DIR"], "saved-%d" % rank), "w").close()
+        dist.destroy_process_group()  # torch 2.13 may abort at exit without it
         sys.exit(0)
 """
 

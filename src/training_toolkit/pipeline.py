@@ -6,7 +6,8 @@ drop-in faces (`entry_point.run`, `runner.get(...).run()`, the reference's
 runner classes) through `prepare` and `launch`, on the job `current_job()`
 returns. What each phase does is decided by the Environment's fields (the
 code archive, the requirements file, the runner, ...), never by which layout
-the job tree had.
+the job tree had. One concern in about 460 lines: the phases, and the
+attempt loop that runs them again for a restart in place.
 """
 import os
 import stat
