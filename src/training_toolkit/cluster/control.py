@@ -309,9 +309,14 @@ class MasterControl(Ledger, Listening):
 
     def wait_for_workers(self, deadline):
         """Wait until every worker said hello; returns the hosts still missing."""
+        return self.wait_for_every_worker(self.links, deadline)
+
+    def wait_for_every_worker(self, entered, deadline):
+        """Wait until every worker is a key of `entered` (a dict filled under
+        `_joined`, which is notified); returns the hosts still missing."""
         with self._joined:
             while True:
-                missing = sorted(self.workers - set(self.links))
+                missing = sorted(self.workers - set(entered))
                 left = deadline - time.monotonic()
                 if not missing or left <= 0:
                     return missing

@@ -3,8 +3,6 @@ port, before the job's own channel opens: the pre-flight's checks
 (cluster/preflight.py), each host's restore of the job's checkpoint
 (cluster/checkpoint_plan.py). Every report names its round, so a late one
 from an earlier round never counts."""
-import time
-
 from .control import MasterControl
 
 
@@ -37,10 +35,4 @@ class RoundReports(MasterControl):
 
     def wait_for_reports(self, deadline):
         """The workers still missing at `deadline` (none: all reported)."""
-        with self._joined:
-            while True:
-                missing = sorted(self.workers - set(self.reports))
-                left = deadline - time.monotonic()
-                if not missing or left <= 0:
-                    return missing
-                self._joined.wait(min(left, 0.5))
+        return self.wait_for_every_worker(self.reports, deadline)
