@@ -78,8 +78,11 @@ class Layout:
     def commits_prefix(self):
         return "%s%s/commits/" % (self.root, RESERVED)
 
+    def parts_root(self):
+        return "%s%s/parts/" % (self.root, RESERVED)
+
     def parts_prefix(self, unit):
-        return "%s%s/parts/%s/" % (self.root, RESERVED, unit)
+        return "%s%s/" % (self.parts_root(), unit)
 
     def part_key(self, unit, host):
         return self.parts_prefix(unit) + host + ".json"
@@ -229,7 +232,7 @@ def recover(client, layout, hosts, listed, records):
     one: a unit some hosts wrote, or whose other parts a rotation deleted
     already, cannot be told from a torn one. Returns the Records it wrote."""
     parts = Parts(client, layout, hosts)
-    prefix = "%s%s/parts/" % (layout.root, RESERVED)
+    prefix = layout.parts_root()
     units = {key[len(prefix):].split("/")[0] for key in listed if key.startswith(prefix)}
     written_records = []
     for unit in sorted(units - set(records)):

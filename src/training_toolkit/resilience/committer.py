@@ -7,7 +7,7 @@ import threading
 import time
 
 from .. import log
-from .commits import (FORMAT, RESERVED, Parts, Record, list_objects, merge, newest, not_in_s3,
+from .commits import (FORMAT, Parts, Record, list_objects, merge, newest, not_in_s3,
                       parse_record, BadRecord)
 
 # A unit that not every host claimed is committed no sooner than this after
@@ -267,7 +267,7 @@ class Committer:
         if now < self._next_discovery:
             return
         self._next_discovery = now + DISCOVER_S
-        prefix = "%s%s/parts/" % (self.layout.root, RESERVED)
+        prefix = self.layout.parts_root()
         pages = self.client.get_paginator("list_objects_v2").paginate(
             Bucket=self.layout.bucket, Prefix=prefix, Delimiter="/")
         units = [p["Prefix"][len(prefix):-1] for page in pages
