@@ -19,7 +19,9 @@ setup(
     package_dir={"": "src"},
     # The sitecustomize each rank runs while the hang watchdog is on: a plain
     # directory on the rank's PYTHONPATH, not a package.
-    package_data={"training_toolkit.resilience": ["boot/sitecustomize.py"]},
+    # So is the `sagemaker_training` package a user's process imports (import_alias.py).
+    package_data={"training_toolkit.resilience": ["boot/sitecustomize.py"],
+                  "training_toolkit": ["import_alias_path/sagemaker_training/__init__.py"]},
     python_requires=">=3.9",
     install_requires=[
         "boto3",       # S3: code fetch (s3:// code), intermediate output (sagemaker_s3_output) and

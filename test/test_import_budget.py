@@ -40,6 +40,7 @@ TOOLKIT = {
     "training_toolkit.fetch",              # the code is a local dir: copied (no S3, no archive)
     "training_toolkit.runners",
     "training_toolkit.runners.plan",
+    "training_toolkit.import_alias",       # the plan puts its path on the user's PYTHONPATH
     "training_toolkit.runners.process",
 }
 

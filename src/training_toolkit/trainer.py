@@ -174,9 +174,14 @@ def checkpoint_hosts(env):
 
 
 def call_framework_hook(spec):
-    """SAGEMAKER_TRAINING_MODULE=pkg.module:function -> import and call it."""
+    """SAGEMAKER_TRAINING_MODULE=pkg.module:function -> import and call it,
+    with `sagemaker_training` first made this package's name (the DLCs' hooks
+    import it)."""
     import importlib
 
+    from . import import_alias
+
+    import_alias.install()
     module_name, _, function_name = spec.partition(":")
     try:
         module = importlib.import_module(module_name)

@@ -8,7 +8,7 @@ import os
 import shlex
 import sys
 
-from .. import params
+from .. import import_alias, params
 from ..redact import mask_argv
 
 PYTHON_PROGRAM = "python-program"
@@ -132,15 +132,18 @@ def python_path(env, environ=None):
     its own, and another version's breaks one that a job's script starts:
     "SRE module mismatch"). Another interpreter (TRAINING_TOOLKIT_PYTHON)
     keeps its own site-packages: it gets the code dir, then the PYTHONPATH
-    the image set, and never the toolkit's."""
+    the image set, and never the toolkit's. On this interpreter the user's
+    `import sagemaker_training` is ours too: import_alias.CHILD_PATH comes
+    right after the code dir, ahead of any reference package."""
+    parts = [env.code_dir]
     if os.path.abspath(env.job_python) == os.path.abspath(sys.executable):
+        parts.append(import_alias.CHILD_PATH)
         stdlib = os.path.dirname(os.__file__)
         own = {stdlib, os.path.join(stdlib, "lib-dynload")}
         zipped = "python%d%d.zip" % sys.version_info[:2]
         rest = [p for p in sys.path if p not in own and os.path.basename(p) != zipped]
     else:
         rest = (os.environ if environ is None else environ).get("PYTHONPATH", "").split(":")
-    parts = [env.code_dir]
     for entry in rest:
         if entry and entry not in parts:
             parts.append(entry)
