@@ -1,12 +1,18 @@
 """Real DLC framework hooks from PyPI, for the tests that run them through `train`
-as SAGEMAKER_TRAINING_MODULE (test_framework_hooks.py, test_tensorflow_hook.py).
+as SAGEMAKER_TRAINING_MODULE (test_framework_hooks.py, test_tensorflow_hook.py,
+test_mxnet_hook.py).
 
 A hook's sdist is downloaded once with `pip download --no-deps --no-binary :all:`
 into TRAINING_TOOLKIT_CLIENTS_DIR (default ~/.cache/training-toolkit/clients);
-its package's .py files are copied out, and only its `from sagemaker_training
-import ...` lines are moved to `training_toolkit`. Where the download fails the
-test skips, or fails under TRAINING_TOOLKIT_REQUIRE_CLIENTS=1 (CI).
+its package's files are extracted byte for byte, nothing in them changed: its
+`from sagemaker_training import ...` line stays as it is (assert_imports_reference
+checks it is there), and nothing named `sagemaker_training` is installed or
+on the hook's PYTHONPATH (assert_no_reference_toolkit), so what serves that
+name is `train`'s import alias (training_toolkit/import_alias.py). Where the
+download fails the test skips, or fails under TRAINING_TOOLKIT_REQUIRE_CLIENTS=1 (CI).
 """
+import importlib.machinery
+import importlib.util
 import os
 import subprocess
 import sys
@@ -51,23 +57,35 @@ def require_client(requirement):
 
 
 def extract_package(sdist, package, out):
-    """Copy `src/<package>/*.py` of the sdist into `out/<package>`; returns that dir."""
+    """Extract the files of `src/<package>/` from the sdist into `out/<package>`,
+    byte for byte; returns that dir."""
     target = os.path.join(str(out), package)
     os.makedirs(target, exist_ok=True)
     with tarfile.open(sdist) as archive:
         for member in archive.getmembers():
-            if "/src/%s/" % package in member.name and member.name.endswith(".py"):
-                text = archive.extractfile(member).read().decode()
-                with open(os.path.join(target, os.path.basename(member.name)), "w") as f:
-                    f.write(text)
+            if member.isfile() and "/src/%s/" % package in member.name:
+                with open(os.path.join(target, os.path.basename(member.name)), "wb") as f:
+                    f.write(archive.extractfile(member).read())
     return target
 
 
-def move_import_line(path, line):
-    """Replace the one occurrence of `line` in `path` with its `training_toolkit`
-    form; asserts the client still has exactly that line."""
-    with open(path) as f:
-        source = f.read()
-    assert source.count(line) == 1, "the client's import line changed"
-    with open(path, "w") as f:
-        f.write(source.replace(line, line.replace("sagemaker_training", "training_toolkit")))
+def assert_imports_reference(path, line):
+    """The hook's file at `path` still has its `from sagemaker_training import
+    ...` line, once: the hook is the released one, not moved to our name."""
+    with open(path, "rb") as f:
+        source = f.read().decode()
+    assert source.count("\n%s\n" % line) == 1, "%s no longer has the line %r" % (path, line)
+    assert "training_toolkit" not in source
+
+
+def assert_no_reference_toolkit(pythonpath):
+    """Nothing named `sagemaker_training` is installed here, nor in the
+    directories of `pythonpath` (what the hook's processes get): the hook's
+    import of it can only be served by `train`'s alias."""
+    from training_toolkit import import_alias
+
+    found = importlib.util.find_spec("sagemaker_training")
+    assert found is None, "sagemaker_training is importable here: %s (alias installed in " \
+        "the test process: %s)" % (found, import_alias.installed())
+    dirs = [d for d in pythonpath.split(os.pathsep) if d]
+    assert importlib.machinery.PathFinder.find_spec("sagemaker_training", dirs) is None, dirs

@@ -1,15 +1,22 @@
 """The real TensorFlow DLC framework hook, run by `train` as SAGEMAKER_TRAINING_MODULE.
 
 The hook is `sagemaker_tensorflow_container.training:main` from
-`sagemaker-tensorflow-training` 20.5.0 on PyPI (the newest release), downloaded
-with `pip download --no-deps` (test/dlc_hooks.py). What is changed in it: its
-one line `from sagemaker_training import entry_point, environment, mapping,
-runner` becomes `from training_toolkit import ...`; nothing else. Its
+`sagemaker-tensorflow-training` on PyPI, in two releases: 20.4.1 (what the TF
+DLC's lock pins) and 20.5.0 (the newest); the module fixture is parametrized
+over both, so every test runs for each. Their package files are the same
+(20.5.0 changes only setup.py's requirements). Each is downloaded with `pip
+download --no-deps` (test/dlc_hooks.py) and run unchanged: its files are the
+sdist's, byte for byte, its line `from sagemaker_training import entry_point,
+environment, mapping, runner` included. It works because `train` makes
+`sagemaker_training` training-toolkit's name before it imports the hook
+(import_alias.install in trainer.call_framework_hook: the same module
+objects); nothing named `sagemaker_training` is installed here or on the
+hook's PYTHONPATH, which each test checks before it starts `train`. Its
 s3_utils.py (imported by training.py; it imports boto3, a dependency of this
-package, and six, in its test extras) is copied as it is. The hook adds no
-arguments of its own: the script's argv is `mapping.to_cmd_args` of the user's
-hyperparameters (`--model_dir` only where the SDK's `model_dir` hyperparameter
-is set, with the trial's job name appended for a tuning trial).
+package, and six, in its test extras) is extracted as it is too. The hook adds
+no arguments of its own: the script's argv is `mapping.to_cmd_args` of the
+user's hyperparameters (`--model_dir` only where the SDK's `model_dir`
+hyperparameter is set, with the trial's job name appended for a tuning trial).
 
 TensorFlow is not installed, and not needed: training.py imports it at module
 top level (`import tensorflow as tf`, line 23, not lazily), but uses `tf` only
@@ -18,10 +25,12 @@ on more than one host), which these tests do not take. The script path, the
 MPI path (`sagemaker_mpi_enabled` -> `runner.MPIRunnerType`) and the
 multi-worker-mirrored path (TF_CONFIG, `runner.ProcessRunnerType`) never touch
 `tf`. So the tests put a stand-in package `tensorflow` on PYTHONPATH, beside
-the hook and not in it (the hook is unchanged; in a DLC the real TensorFlow
-is there): any attribute read on it raises, so a use of `tf` on these paths
-would fail the test. test_without_tensorflow_the_hook_cannot_be_loaded shows
-that the import is at top level.
+the hook and not in it (the hook is unchanged; in a DLC the real TensorFlow is
+there). TensorFlow itself stays a stand-in: no TensorFlow code runs in these
+tests, only the hook's. Any attribute read on the stand-in raises, so a use of
+`tf` on these paths would fail the test.
+test_without_tensorflow_the_hook_cannot_be_loaded shows that the import is at
+top level.
 
 The hook reads SAGEMAKER_REGION from os.environ right after `Environment()`
 (`s3_utils.configure(..., os.environ.get("SAGEMAKER_REGION"))`) and assigns it
@@ -39,11 +48,13 @@ import textwrap
 import pytest
 
 from cluster_jobs import ClusterJob, require_cluster
-from dlc_hooks import extract_package, move_import_line, require_client
+from dlc_hooks import (assert_imports_reference, assert_no_reference_toolkit,
+                       extract_package, require_client)
 from jobs import Job
 
 HOOK = "sagemaker_tensorflow_container.training:main"
-CLIENT = "sagemaker-tensorflow-training==20.5.0"
+# 20.4.1: what the TF DLC's lock pins; 20.5.0: the newest release.
+CLIENTS = ["sagemaker-tensorflow-training==20.4.1", "sagemaker-tensorflow-training==20.5.0"]
 IMPORT_LINE = "from sagemaker_training import entry_point, environment, mapping, runner"
 REGION = "us-west-2"
 TIMEOUT = 120
@@ -59,9 +70,9 @@ def __getattr__(name):
 '''
 
 
-@pytest.fixture(scope="module")
-def hook_dir(tmp_path_factory):
-    sdist = require_client(CLIENT)
+@pytest.fixture(scope="module", params=CLIENTS, ids=lambda c: c.partition("==")[2])
+def hook_dir(request, tmp_path_factory):
+    sdist = require_client(request.param)
     out = tmp_path_factory.mktemp("tf-hook")
     package = extract_package(sdist, "sagemaker_tensorflow_container", out / "hook")
     assert sorted(os.listdir(package)) == ["__init__.py", "deep_learning_container.py",
@@ -69,7 +80,7 @@ def hook_dir(tmp_path_factory):
     training = os.path.join(package, "training.py")
     with open(training) as f:
         assert "\nimport tensorflow as tf\n" in f.read()
-    move_import_line(training, IMPORT_LINE)
+    assert_imports_reference(training, IMPORT_LINE)
     stand_in = out / "no-tensorflow" / "tensorflow"
     stand_in.mkdir(parents=True)
     (stand_in / "__init__.py").write_text(textwrap.dedent(STAND_IN))
@@ -125,6 +136,7 @@ def one_process_job(tmp_path, hook_dir, script, hyperparameters, region=REGION,
                     tensorflow=True, **extra_env):
     job = Job(tmp_path, {"train.py": script}, hyperparameters=hyperparameters)
     env = job.env(**hook_env(hook_dir, tensorflow), **extra_env)
+    assert_no_reference_toolkit(env["PYTHONPATH"])
     env.pop("SAGEMAKER_REGION", None)
     if region is not None:
         env["SAGEMAKER_REGION"] = region
@@ -194,6 +206,7 @@ def cluster_job(tmp_path, hook_dir, script, hyperparameters):
     # Each simulated host has its own /tmp: the hook goes where the job's files are.
     shared = str(tmp_path / "tf-hook")
     shutil.copytree(hook_dir, shared)
+    assert_no_reference_toolkit(hook_env(shared)["PYTHONPATH"])
     job = ClusterJob(tmp_path, 2, {"train.py": script}, hyperparameters=hyperparameters)
     with job:
         job.start(SAGEMAKER_REGION=REGION, **hook_env(shared))
