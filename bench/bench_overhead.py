@@ -9,6 +9,14 @@ empties code/ before every run so that each run copies the submit dir.
 The reference runs with SM_STUDIO_LOCAL_MODE=true: otherwise it waits until
 every host name in resourceconfig.json (algo-1) resolves, which it never does
 on this machine.
+
+--dlc-venv DIR (scripts/dlc-venv.sh makes one: a PyTorch DLC's packages, then
+training-toolkit on top) times the same job through the DLC's unchanged
+framework hook (SAGEMAKER_TRAINING_MODULE=sagemaker_pytorch_container.training:main),
+with both toolkits from that one venv: its `train` (ours) and the reference's
+own entry, `sagemaker_training.cli.train:main`, which in any other interpreter
+of the venv is the reference's package. Both get SM_STUDIO_LOCAL_MODE=true,
+which the hook reads to skip its wait for host names.
 """
 import os
 import shutil
@@ -17,6 +25,8 @@ import common
 from training_toolkit.rehearsal.jobtree import write_job_tree
 
 TARGET_S = 0.050
+DLC_HOOK = "sagemaker_pytorch_container.training:main"
+REFERENCE_ENTRY = "import sys; from sagemaker_training.cli.train import main; sys.exit(main())"
 SCRIPT = 'print("hello from a trivial job")\n'
 
 
@@ -30,8 +40,12 @@ def main():
     p = common.parser(__doc__.splitlines()[0], runs=10)
     p.add_argument("--copy-code", action="store_true",
                    help="empty code/ before each run, so that each run copies the submit dir")
+    p.add_argument("--dlc-venv", help="time the job through the PyTorch DLC's hook, both "
+                   "toolkits from this venv (scripts/dlc-venv.sh)")
     args = p.parse_args()
     common.print_header()
+    if args.dlc_venv:
+        return through_the_hook(args)
     src = common.fresh_dir("overhead", "src")
     common.write(os.path.join(src, "job.py"), SCRIPT)
 
@@ -93,6 +107,44 @@ def main():
                   "(comparison)", "%.1fx ours" % (ref_over / max(
                       med["ours train"] - med["direct"], 1e-9))]]
     common.table(["contender", "median wall", "overhead vs direct", "target", "verdict"], rows)
+    print("min/max: " + ", ".join("%s %.1f-%.1f ms" % (n, min(t) * 1e3, max(t) * 1e3)
+                                  for n, t in times.items()))
+
+
+def through_the_hook(args):
+    """Ours against the reference, each `train` calling the same unchanged hook
+    in the same venv; their overheads over the script run directly."""
+    src = common.fresh_dir("overhead", "src")
+    common.write(os.path.join(src, "job.py"), SCRIPT)
+    python = os.path.join(args.dlc_venv, "bin", "python3")
+    trees = {"ours": make_tree("hook-ours", src), "reference": make_tree("hook-ref", src)}
+    hook_env = dict(SAGEMAKER_TRAINING_MODULE=DLC_HOOK, SM_STUDIO_LOCAL_MODE="true")
+    commands = {
+        "direct": ([python, "job.py"], dict(cwd=src, env=common.clean_env(args.dlc_venv))),
+        "ours train": ([os.path.join(args.dlc_venv, "bin", "train")],
+                       dict(env=common.clean_env(args.dlc_venv, SAGEMAKER_BASE_DIR=trees["ours"],
+                                                 **hook_env))),
+        "reference train": ([python, "-c", REFERENCE_ENTRY],
+                            dict(env=common.clean_env(args.dlc_venv,
+                                                      SAGEMAKER_BASE_DIR=trees["reference"],
+                                                      **hook_env))),
+    }
+    for name, (argv, _) in commands.items():
+        print("  %-16s %s" % (name + ":", " ".join(argv)))
+    print("  hook: %s (SM_STUDIO_LOCAL_MODE=true)" % DLC_HOOK)
+    contenders = {name: (lambda argv=argv, kw=kw: common.timed(argv, **kw))
+                  for name, (argv, kw) in commands.items()}
+    times = common.alternate(contenders, args.runs, warmup=2)
+    med = {n: common.median(t) for n, t in times.items()}
+    ours = med["ours train"] - med["direct"]
+    ref = med["reference train"] - med["direct"]
+    print("\ntrivial job through the PyTorch DLC hook, median of %d runs each (alternated):"
+          % args.runs)
+    common.table(["contender", "median wall", "overhead vs direct", "ratio"],
+                 [["direct", common.ms(med["direct"]), "", ""],
+                  ["ours train", common.ms(med["ours train"]), common.ms(ours), ""],
+                  ["reference train", common.ms(med["reference train"]), common.ms(ref),
+                   "%.1fx ours" % (ref / max(ours, 1e-9))]])
     print("min/max: " + ", ".join("%s %.1f-%.1f ms" % (n, min(t) * 1e3, max(t) * 1e3)
                                   for n, t in times.items()))
 

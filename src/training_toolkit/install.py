@@ -15,12 +15,14 @@ import os
 import signal
 import sys
 
-from . import params
+from . import log, params
 from .errors import ConfigError, InstallModuleError, InstallRequirementsError
 from .job.paths import REQUIREMENTS_FILE
 from .supervise import Terminated
 
 CA_REPOSITORY_ARN_ENV = params.CA_REPOSITORY_ARN_ENV
+# The reference toolkit's distribution, which a requirements.txt may bring in.
+REFERENCE_DISTRIBUTION = "sagemaker-training"
 # What the reference toolkit accepts (any partition, region and account; the
 # repository is the rest), whitespace excepted.
 _CA_ARN = (r"arn:(?P<partition>[^:\s]+):codeartifact:(?P<region>[^:\s]+):(?P<account>[^:\s]+)"
@@ -241,6 +243,42 @@ def run_pip(label, argv, code_dir, supervisor, index=None, package=False):
     return outcome
 
 
+def reference_toolkit():
+    """(version, location) of the reference toolkit's distribution where this
+    interpreter finds it, else None."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution(REFERENCE_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return None
+    return dist.version, str(dist.locate_file(""))
+
+
+def say_reference_replaced(what, before):
+    """The user's requirements installed the reference toolkit into train's
+    own environment (as a framework toolkit's dependency, or by name): the job
+    goes on here, but the environment's `train` script may now be the
+    reference's. Said once, with what to change."""
+    after = reference_toolkit()
+    if after is None or after == before:
+        return
+    script = os.path.join(os.path.dirname(sys.executable), "train")
+    try:
+        with open(script, errors="replace") as f:
+            ours = "training_toolkit" in f.read(4096)
+    except OSError:
+        ours = False
+    log.warning(
+        "%s installed %s %s, the toolkit training-toolkit stands in "
+        "for: this job runs on training-toolkit to the end (`sagemaker_training` stays its "
+        "name, in a framework hook and in the job's processes)%s; framework toolkits need no "
+        "copy of it: take it out of the requirements, or install them with --no-deps"
+        % (what, REFERENCE_DISTRIBUTION, after[0],
+           "" if ours else ", but %s now starts %s, not training-toolkit, in a later job"
+           % (script, REFERENCE_DISTRIBUTION)))
+
+
 def install(code_dir, supervisor, python=None, requirements=REQUIREMENTS_FILE, package=True):
     """Run the install steps; a failure raises an error naming what failed,
     and a stop signal (pip ended by our SIGTERM) ends the job as in any
@@ -250,8 +288,14 @@ def install(code_dir, supervisor, python=None, requirements=REQUIREMENTS_FILE, p
     steps = install_steps(code_dir, python, requirements, package)
     if not steps:
         return
+    own_environment = python is None or os.path.abspath(python) == os.path.abspath(sys.executable)
+    before = reference_toolkit() if own_environment else None
     is_package = any(label == "package" for label, _ in steps)
     index = index_from_environ(InstallModuleError if is_package else InstallRequirementsError,
                                steps[0][1])
     for label, argv in steps:
         run_pip(label, argv, code_dir, supervisor, index=index, package=is_package)
+    if own_environment:
+        say_reference_replaced(" and ".join(
+            os.path.join(code_dir, requirements) if label == "requirements" else
+            "the code dir's package (%s)" % code_dir for label, _ in steps), before)
