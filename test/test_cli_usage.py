@@ -166,7 +166,7 @@ def test_version(places):
     assert r.stdout == "training-toolkit %s\n" % training_toolkit.__version__
 
 
-@pytest.mark.parametrize("command", ["local", "plan", "env", "timeline"])
+@pytest.mark.parametrize("command", ["local", "plan", "env", "settings", "timeline"])
 def test_each_command_describes_itself(places, command):
     root, _code, env = places
     r = cli([command, "-h"], env, root / "cwd")

@@ -29,6 +29,7 @@ TOOLKIT = {
     "training_toolkit.job.resources",
     "training_toolkit.errors",
     "training_toolkit.params",
+    "training_toolkit.settings",           # the table of settings: params' bounds, typo warnings
     "training_toolkit.log",
     "training_toolkit.redact",
     "training_toolkit.report",

@@ -2,6 +2,8 @@
 pure helpers that turn hyperparameters into argv and env values."""
 import json
 
+from . import settings as _table
+
 SAGEMAKER_PREFIX = "sagemaker_"
 
 # Reserved hyperparameters: consumed by the toolkit, never passed to the user
@@ -85,12 +87,11 @@ GRACE_ENV = "SM_TERMINATION_GRACE_SECONDS"
 JOB_PYTHON_ENV = "TRAINING_TOOLKIT_PYTHON"
 # An AWS CodeArtifact repository every pip install of the job goes through.
 CA_REPOSITORY_ARN_ENV = "CA_REPOSITORY_ARN"
-DEFAULT_GRACE_SECONDS = 110.0
+DEFAULT_GRACE_SECONDS = _table.default(GRACE_ENV)
 # Kubernetes, Slurm and Batch give 30 s from SIGTERM to SIGKILL: `train`'s
 # own grace ends inside it, leaving time for its status files.
 ORCHESTRATED_GRACE_SECONDS = 25.0
-MAX_GRACE_SECONDS = 86400  # a day: longer is a mistake, and timers cannot wait forever
-DEFAULT_MASTER_PORT = 7777
+MAX_GRACE_SECONDS = _table.numeric(GRACE_ENV)[2]  # a day: timers cannot wait forever
 
 # Numeric settings (environment variables), each read by `setting` alone and
 # all checked when `train` starts (`check_settings`): name -> (kind, minimum,
@@ -106,6 +107,7 @@ S3_TIMEOUT_ENV = "TRAINING_TOOLKIT_S3_TIMEOUT_S"
 PROGRESS_ENV = "TRAINING_TOOLKIT_PROGRESS_S"
 TREE_SPAWN_ENV = "TRAINING_TOOLKIT_MPI_TREE_SPAWN_HOSTS"
 MASTER_PORT_ENV = "SM_MASTER_PORT"
+DEFAULT_MASTER_PORT = _table.default(MASTER_PORT_ENV)
 ROSTER_DEADLINE_ENV = "TRAINING_TOOLKIT_ROSTER_DEADLINE_S"
 DNS_WAIT_ENV = "TRAINING_TOOLKIT_DNS_WAIT_S"   # 0: no wait
 # 1: the user's interpreter already has what the code dir asks pip for (`local`
@@ -160,46 +162,17 @@ PREFLIGHT_ENV = "TRAINING_TOOLKIT_PREFLIGHT"
 PREFLIGHT_TIMEOUT_ENV = "TRAINING_TOOLKIT_PREFLIGHT_TIMEOUT_S"
 PREFLIGHT_MIN_GBPS_ENV = "TRAINING_TOOLKIT_PREFLIGHT_MIN_GBPS"
 PREFLIGHT_MIN_FREE_GB_ENV = "TRAINING_TOOLKIT_PREFLIGHT_MIN_FREE_GB"
-SETTINGS = {
-    MASTER_PORT_ENV: (int, 1, 65535, DEFAULT_MASTER_PORT),
-    GRACE_ENV: (float, 0, MAX_GRACE_SECONDS, DEFAULT_GRACE_SECONDS),
-    DRAIN_ENV: (float, None, MAX_GRACE_SECONDS, 60.0),
-    INTERMEDIATE_STRICT_ENV: (int, 0, 1, 0),
-    CONTROL_PORT_ENV: (int, 1, 65535, 7780),
-    SSH_DEADLINE_ENV: (float, 0, None, 600.0),
-    FETCH_DEADLINE_ENV: (float, 1e-3, None, 600.0),
-    S3_TIMEOUT_ENV: (float, 1e-3, None, 60.0),
-    PROGRESS_ENV: (float, 1e-3, None, 5.0),
-    TREE_SPAWN_ENV: (int, 1, None, 64),
-    # Batch starts a job's children minutes after its main node.
-    ROSTER_DEADLINE_ENV: (float, 0, None, 600.0),
-    # A framework hook's entry_point.run on a multi-host job waits this long
-    # for the other hosts' names (cluster/dns.py): the reference's 15 minutes.
-    DNS_WAIT_ENV: (float, 0, None, 900.0),
-    SKIP_INSTALL_ENV: (int, 0, 1, 0),
-    KEEP_JOBS_ENV: (int, 1, None, 10),
-    HANG_TIMEOUT_ENV: (float, 0, None, 0.0),
-    HANG_START_TIMEOUT_ENV: (float, 0, None, None),
-    # 200: above every 128+N of a signal, so a restart policy can tell a hang apart.
-    HANG_EXIT_CODE_ENV: (int, 1, 255, 200),
-    STACK_DEADLINE_ENV: (float, 0.1, None, 10.0),
-    CHECKPOINT_VERIFY_ENV: (int, 0, 1, None),   # default: 1 where SageMaker syncs
-    CHECKPOINT_STRICT_ENV: (int, 0, 1, 0),
-    CHECKPOINT_FLUSH_ENV: (float, 0, MAX_GRACE_SECONDS, None),  # default: measured
-    CHECKPOINT_RESTORE_DEADLINE_ENV: (float, 1e-3, None, 1800.0),
-    CHECKPOINT_DRAIN_ENV: (float, None, MAX_GRACE_SECONDS, None),  # default: DRAIN_ENV's
-    REQUEUE_EXIT_CODE_ENV: (int, 1, 255, None),
-    PROCESS_ALONE_ENV: (int, 0, 1, 0),
-    RESTARTS_ENV: (int, 0, None, 0),
-    RESTART_BACKOFF_ENV: (float, 0, 300, 5.0),
-    RESTART_WINDOW_ENV: (float, 1e-3, None, None),   # default: one budget for the whole job
-    MAX_NO_PROGRESS_RESTARTS_ENV: (int, 1, None, 3),
-    WARM_RESTARTS_ENV: (int, 0, 1, 1),
-    WARM_RESTART_AFTER_ENV: (float, 0, None, 10.0),
-    PREFLIGHT_TIMEOUT_ENV: (float, 1e-3, None, 60.0),
-    PREFLIGHT_MIN_GBPS_ENV: (float, 0, None, None),
-    PREFLIGHT_MIN_FREE_GB_ENV: (float, 0, None, None),
-}
+# Their kinds, bounds and defaults are settings.TABLE's (docs/settings.md).
+SETTINGS = {name: _table.numeric(name) for name in (
+    MASTER_PORT_ENV, GRACE_ENV, DRAIN_ENV, INTERMEDIATE_STRICT_ENV, CONTROL_PORT_ENV,
+    SSH_DEADLINE_ENV, FETCH_DEADLINE_ENV, S3_TIMEOUT_ENV, PROGRESS_ENV, TREE_SPAWN_ENV,
+    ROSTER_DEADLINE_ENV, DNS_WAIT_ENV, SKIP_INSTALL_ENV, KEEP_JOBS_ENV, HANG_TIMEOUT_ENV,
+    HANG_START_TIMEOUT_ENV, HANG_EXIT_CODE_ENV, STACK_DEADLINE_ENV, CHECKPOINT_VERIFY_ENV,
+    CHECKPOINT_STRICT_ENV, CHECKPOINT_FLUSH_ENV, CHECKPOINT_RESTORE_DEADLINE_ENV,
+    CHECKPOINT_DRAIN_ENV, REQUEUE_EXIT_CODE_ENV, PROCESS_ALONE_ENV, RESTARTS_ENV,
+    RESTART_BACKOFF_ENV, RESTART_WINDOW_ENV, MAX_NO_PROGRESS_RESTARTS_ENV, WARM_RESTARTS_ENV,
+    WARM_RESTART_AFTER_ENV, PREFLIGHT_TIMEOUT_ENV, PREFLIGHT_MIN_GBPS_ENV,
+    PREFLIGHT_MIN_FREE_GB_ENV)}
 
 # Names of sagemaker_training.params, for framework toolkits that import them.
 # A reference name with the meaning of a name above is that same constant.

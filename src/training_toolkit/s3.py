@@ -9,6 +9,7 @@ boto3 is imported only when a client is made.
 import os
 
 from . import params
+from .settings import default
 
 TIMEOUT_ENV = params.S3_TIMEOUT_ENV
 
@@ -31,5 +32,6 @@ def client(endpoint_url=None, region=None, timeout_s=None, max_attempts=1,
     return boto3.client(
         "s3", endpoint_url=endpoint_url or os.environ.get(params.S3_ENDPOINT_ENV) or None,
         region_name=(region or os.environ.get(params.REGION_ENV)
-                     or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"),
+                     or os.environ.get("AWS_DEFAULT_REGION")
+                     or default("AWS_DEFAULT_REGION")),  # us-east-1
         config=config)

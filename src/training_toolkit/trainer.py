@@ -8,7 +8,7 @@ import signal
 import sys
 import time
 
-from . import context, log, params, pipeline, proctree
+from . import context, log, params, pipeline, proctree, settings
 from .errors import (CheckpointNotDurableError, ClientError, ConfigError, FrameworkError,
                      InternalError, OutputNotDurableError, OutputWriteError, ToolkitError,
                      UsageError)
@@ -227,6 +227,8 @@ def run_job(argv=()):
     except ConfigError as error:
         log.error("%s: %s" % (error.label, error.message))
         return error.exit_code
+    for name, closest in settings.unknown(os.environ):  # a typo is otherwise ignored
+        log.warning(settings.unknown_warning(name, closest))
     reporter = Reporter(paths)
     reporter.forget_earlier_attempt()
     supervisor = Supervisor(params.DEFAULT_GRACE_SECONDS)  # the job's own, once checked

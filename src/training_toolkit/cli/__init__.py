@@ -1,5 +1,5 @@
-"""`training-toolkit`: run a job locally, print a job's plan or environment,
-draw where its time went, remove what `local` left behind."""
+"""`training-toolkit`: run a job locally, print a job's plan, environment or
+settings, draw where its time went, remove what `local` left behind."""
 import argparse
 import json
 import os
@@ -97,6 +97,22 @@ def _hang_watchdog(environ):
     return settings.describe() if settings is not None else None
 
 
+def cmd_settings(args):
+    from .settings_report import report
+
+    lines, warnings, errors = report(os.environ, args.job_dir)
+    for line in lines:
+        print(line)
+    if not lines:
+        print("every setting is at its default (docs/settings.md)")
+    sys.stdout.flush()
+    for line in warnings:
+        print("training-toolkit: warning: %s" % line, file=sys.stderr)
+    for line in errors:
+        print("training-toolkit: %s" % line, file=sys.stderr)
+    return ConfigError.exit_code if errors else 0
+
+
 def cmd_env(args):
     env = _environment(args)
     exported = mask(env.to_env_vars())
@@ -190,6 +206,17 @@ def parser():
         sp.add_argument("--job-dir", help="job tree (default: $SAGEMAKER_BASE_DIR or /opt/ml)")
         sp.add_argument("--json", action="store_true", help="print JSON")
         sp.set_defaults(func=func)
+
+    settings = sub.add_parser(
+        "settings", help="print the settings not at their default, and unknown variables",
+        description="Print every setting (docs/settings.md) that the job tree and the current "
+                    "environment set to something other than its default, each with its value "
+                    "and where it came from (environment variable, hyperparameter, "
+                    "checkpointconfig.json, --job-dir); secret-looking values are masked. Each "
+                    "TRAINING_TOOLKIT_* variable that names no setting is a warning naming the "
+                    "closest setting. A value `train` would refuse exits 78.")
+    settings.add_argument("--job-dir", help="job tree (default: $SAGEMAKER_BASE_DIR or /opt/ml)")
+    settings.set_defaults(func=cmd_settings)
 
     timeline = sub.add_parser(
         "timeline", help="draw where a job's time went: one row per host",

@@ -8,8 +8,9 @@ import os
 from ..errors import ConfigError
 from ..params import (BASE_DIR_ENV, ORCHESTRATOR_ENV, PROGRAM_ENV, SUBMIT_DIR_ENV,
                       TRAINING_MODULE_ENV, USER_PROGRAM)
+from ..settings import default
 
-DEFAULT_BASE_DIR = "/opt/ml"
+DEFAULT_BASE_DIR = default(BASE_DIR_ENV)  # /opt/ml
 # The SDK v3 drivers' folder in the sm_drivers channel (sm_train.sh names it).
 DRIVERS_SUBDIR = "distributed_drivers"
 # The code dir's requirements file, for a job that names none (installed when

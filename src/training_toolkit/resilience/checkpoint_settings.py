@@ -7,6 +7,7 @@ import os
 
 from .. import params
 from ..errors import ConfigError
+from ..settings import default
 
 HOST_PLACEHOLDER = "{host}"
 DELETE_MODES = ("mirror", "keep")
@@ -101,11 +102,13 @@ def settings_of(environ, paths, host):
     if marker is not None and ("/" in marker or marker in (".", "..")):
         raise ConfigError("must be a file name (the marker in each checkpoint directory), "
                           "got %r" % marker, field=params.CHECKPOINT_COMPLETE_ENV)
-    deletes = environ.get(params.CHECKPOINT_DELETES_ENV, "").strip().lower() or "mirror"
+    deletes = (environ.get(params.CHECKPOINT_DELETES_ENV, "").strip().lower()
+               or default(params.CHECKPOINT_DELETES_ENV))
     if deletes not in DELETE_MODES:
         raise ConfigError("must be mirror or keep, got %r" % deletes,
                           field=params.CHECKPOINT_DELETES_ENV)
-    rule = environ.get(params.CHECKPOINT_RESTORE_ENV, "").strip().lower() or "own"
+    rule = (environ.get(params.CHECKPOINT_RESTORE_ENV, "").strip().lower()
+            or default(params.CHECKPOINT_RESTORE_ENV))
     if rule not in RESTORE_RULES:
         raise ConfigError("must be own or all, got %r" % rule,
                           field=params.CHECKPOINT_RESTORE_ENV)

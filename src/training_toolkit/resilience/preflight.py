@@ -18,6 +18,7 @@ import time
 
 from .. import log, params
 from ..errors import ConfigError
+from ..settings import default
 
 LEVELS = ("off", "basic", "full")
 # Up to this many hosts every pair of hosts dials once; beyond it each host
@@ -47,7 +48,8 @@ class PreflightSettings:
 def settings_of(environ):
     """The pre-flight's settings, or None when it is off; ConfigError (78)
     naming the variable for a bad value."""
-    level = environ.get(params.PREFLIGHT_ENV, "").strip().lower() or "off"
+    level = (environ.get(params.PREFLIGHT_ENV, "").strip().lower()
+             or default(params.PREFLIGHT_ENV))
     if level not in LEVELS:
         raise ConfigError("must be off, basic or full, got %r" % level,
                           field=params.PREFLIGHT_ENV)

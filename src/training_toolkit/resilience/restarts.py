@@ -21,11 +21,12 @@ import dataclasses
 
 from .. import params
 from ..errors import ConfigError, NoProgressError
+from ..settings import default
 
 # A restart waits BACKOFF_S, doubling with each restart, at most this long.
 MAX_BACKOFF_S = 300.0
 CAUSES = ("failure", "hang")
-DEFAULT_NO_RESTART_CODES = "64-78"
+DEFAULT_NO_RESTART_CODES = default(params.NO_RESTART_EXIT_CODES_ENV)  # 64-78
 
 
 @dataclasses.dataclass(frozen=True)
