@@ -13,6 +13,7 @@ download fails the test skips, or fails under TRAINING_TOOLKIT_REQUIRE_CLIENTS=1
 """
 import importlib.machinery
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -89,3 +90,18 @@ def assert_no_reference_toolkit(pythonpath):
         "the test process: %s)" % (found, import_alias.installed())
     dirs = [d for d in pythonpath.split(os.pathsep) if d]
     assert importlib.machinery.PathFinder.find_spec("sagemaker_training", dirs) is None, dirs
+
+
+def assert_one_rank_on_each_of_two_hosts(job, **also):
+    """An MPI job of one rank on each of algo-1 and algo-2 (the hooks' tests'
+    MPI_RANKS script, `--epochs 1`): each rank's report, both hosts'
+    `success`, and the master's status.json."""
+    for rank, host in ((0, "algo-1"), (1, "algo-2")):
+        info = json.loads(job.read(host, "model", "rank-%d.json" % rank))
+        assert info == dict({"rank": rank, "size": 2, "sum": 3, "argv": ["--epochs", "1"],
+                             "hostname": host, "host": host}, **also)
+    for host in job.hosts:
+        assert job.exists(host, "output", "success")
+    status = json.loads(job.read("algo-1", "output", "status.json"))
+    assert status["runner"] == "mpi" and status["exit_code"] == 0
+    assert status["command"].startswith("mpirun --host algo-1:1,algo-2:1 -np 2 ")

@@ -29,7 +29,7 @@ import pytest
 
 from cluster_jobs import ClusterJob, require_cluster
 from dlc_hooks import (assert_imports_reference, assert_no_reference_toolkit,
-                       extract_package, require_client)
+                       assert_one_rank_on_each_of_two_hosts, extract_package, require_client)
 
 torch = pytest.importorskip("torch")
 
@@ -168,15 +168,7 @@ def test_mpi_job_runs_one_rank_on_each_of_two_hosts(tmp_path, hook_dir):
         "sagemaker_mpi_enabled": True, "sagemaker_mpi_num_of_processes_per_host": 1,
         "epochs": 1}, hosts=2)
     assert job.codes() == {"algo-1": 0, "algo-2": 0}, err
-    for rank, host in ((0, "algo-1"), (1, "algo-2")):
-        info = json.loads(job.read(host, "model", "rank-%d.json" % rank))
-        assert info == {"rank": rank, "size": 2, "sum": 3, "argv": ["--epochs", "1"],
-                        "hostname": host, "host": host, "hook_env": HOOK_ENV_VALUES}
-    for host in job.hosts:
-        assert job.exists(host, "output", "success")
-    status = json.loads(job.read("algo-1", "output", "status.json"))
-    assert status["runner"] == "mpi" and status["exit_code"] == 0
-    assert status["command"].startswith("mpirun --host algo-1:1,algo-2:1 -np 2 ")
+    assert_one_rank_on_each_of_two_hosts(job, hook_env=HOOK_ENV_VALUES)
 
 
 def test_smddp_job_without_the_library_falls_back_to_nccl(tmp_path, hook_dir):

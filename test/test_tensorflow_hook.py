@@ -49,7 +49,7 @@ import pytest
 
 from cluster_jobs import ClusterJob, require_cluster
 from dlc_hooks import (assert_imports_reference, assert_no_reference_toolkit,
-                       extract_package, require_client)
+                       assert_one_rank_on_each_of_two_hosts, extract_package, require_client)
 from jobs import Job
 
 HOOK = "sagemaker_tensorflow_container.training:main"
@@ -219,15 +219,7 @@ def test_mpi_job_runs_one_rank_on_each_of_two_hosts(tmp_path, hook_dir):
                       {"sagemaker_mpi_enabled": True, "epochs": 1})
     assert job.codes() == {"algo-1": 0, "algo-2": 0}, {
         h: r.err.decode("utf-8", "replace")[-2000:] for h, r in job.runs.items()}
-    for rank, host in ((0, "algo-1"), (1, "algo-2")):
-        info = json.loads(job.read(host, "model", "rank-%d.json" % rank))
-        assert info == {"rank": rank, "size": 2, "sum": 3, "argv": ["--epochs", "1"],
-                        "hostname": host, "host": host}
-    for host in job.hosts:
-        assert job.exists(host, "output", "success")
-    status = json.loads(job.read("algo-1", "output", "status.json"))
-    assert status["runner"] == "mpi" and status["exit_code"] == 0
-    assert status["command"].startswith("mpirun --host algo-1:1,algo-2:1 -np 2 ")
+    assert_one_rank_on_each_of_two_hosts(job)
 
 
 def test_multi_worker_mirrored_job_gets_tf_config_on_each_host(tmp_path, hook_dir):
