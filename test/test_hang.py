@@ -457,6 +457,49 @@ def test_mpi_hung_rank_ends_every_host_with_200_and_four_stacks(tmp_path):
         assert job.job_processes() == []
 
 
+# As MPI_RANKS, but rank 3's data loader logs for LATE_S more (half of T)
+# before it goes quiet: the others, blocked in the allreduce since step 20,
+# are silent first, and rank 3's own silence begins LATE_S after theirs.
+MPI_RANKS_LATE = """
+import os, time
+from mpi4py import MPI
+def stuck_in_the_data_loader():
+    for attempt in range(int(float(os.environ["LATE_S"]) / 0.5)):
+        print("rank 3 waiting for its shard, attempt %d" % attempt, flush=True)
+        time.sleep(0.5)
+    time.sleep(600)
+comm = MPI.COMM_WORLD
+rank = comm.Get_rank()
+for step in range(100000):
+    print("rank %d step %d" % (rank, step), flush=True)
+    if step == 20 and rank == 3:
+        stuck_in_the_data_loader()
+    comm.allreduce(step)
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.usefixtures("cluster_supported")
+def test_the_verdict_names_the_odd_one_out_though_its_silence_began_last(tmp_path):
+    """Ranks 0-2 go silent first (mpi4py's allreduce is C: their stacks end
+    in <module>, no collective by name), rank 3 a few seconds later: the
+    verdict names rank 3, whose stack is the odd one out, not the rank
+    first found hung."""
+    pytest.importorskip("mpi4py")
+    with ClusterJob(tmp_path, 2, {"train.py": MPI_RANKS_LATE},
+                    hyperparameters={"sagemaker_mpi_enabled": True,
+                                     "sagemaker_mpi_num_of_processes_per_host": 2}) as job:
+        job.start(LATE_S=T / 2, **hang_env()).wait(timeout=180)
+        assert job.codes() == {"algo-1": HANG, "algo-2": HANG}, explain(job)
+        assert_rank_3_on_algo_2_hung(job)
+        for host in job.hosts:
+            failure = job.read(host, "output", "failure")
+            assert "its last line: rank 3 waiting for its shard" in failure, failure
+        hang = json.loads(job.read("algo-1", "output", "status.json"))["hang"]
+        assert (hang["rank"], hang["odd_one_out"]) == (3, 3), hang
+        assert job.job_processes() == []
+
+
 @pytest.mark.usefixtures("cluster_supported")
 def test_local_rehearses_a_hang_on_two_hosts(tmp_path):
     """`training-toolkit local` passes the watchdog's variables as they are."""
@@ -578,3 +621,11 @@ def test_the_verdict_names_the_rank_outside_the_collective():
     verdict = decide([hang(0), hang(1), hang(2)], {0: waiting, 1: waiting, 2: stuck}, 200, 0.1)
     assert (verdict.hang.rank, verdict.odd_one_out) == (2, 2)
     assert verdict.status()["detection_latency_s"] == 0
+    # Under MPI no stack names a collective (mpi4py's are C); the odd one
+    # out, whose silence began 2 s after the others', is still the one named.
+    blocked = {"signature": ["<module>"], "top": "train.py:15 in <module>", "answered": True}
+    late = Hang(rank=3, host="algo-2", phase="train", silent_s=5.0, reason="no progress",
+                detected_at=102.0, timeout_s=5.0)
+    verdict = decide([hang(0), hang(1), hang(2), late],
+                     {0: blocked, 1: blocked, 2: blocked, 3: stuck}, 200, 0.1)
+    assert (verdict.hang.rank, verdict.odd_one_out) == (3, 3)

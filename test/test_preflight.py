@@ -132,6 +132,10 @@ def test_a_tiny_checkpoint_dir_on_one_host_stops_the_job_before_any_user_code(tm
         full, = [c for c in record(cj.read, "algo-2")["checks"]
                  if c["name"] == "checkpoint dir free space"]
         assert not full["ok"] and full["severity"] == "hard", full
+        # Each host's preflight.json says whether that host passed: algo-2,
+        # which failed a check, is not ok; algo-1, which failed none, is.
+        assert record(cj.read, "algo-2")["ok"] is False, record(cj.read, "algo-2")
+        assert record(cj.read, "algo-1")["ok"] is True, record(cj.read, "algo-1")
 
 
 def test_a_healthy_sixteen_host_basic_preflight_completes(tmp_path):

@@ -216,3 +216,74 @@ def test_plan_says_what_restarts_will_do(tmp_path):
            "or MPI launch waits warm for the next attempt from 10s into an attempt" in out.stdout
     off = subprocess.run(cli, env=job.env(), capture_output=True, text=True, timeout=60)
     assert "restarts: off (TRAINING_TOOLKIT_RESTARTS unset)" in off.stdout
+
+
+# The launch a standby stands in for: parked at its gate while STANDBY_ENV
+# names one (as runners/torchrun_launcher.py parks), then it records what it
+# ran with. The first attempt waits until the next one's standby has parked.
+LAUNCH = """
+import json, os, sys, time
+from training_toolkit.supervise import standby
+marks, standby_dir = sys.argv[1], sys.argv[2]
+fifo = os.environ.pop(standby.STANDBY_ENV, None)
+if fifo is not None and not standby.park_here(os.path.dirname(fifo), "launcher"):
+    sys.exit(0)  # the gate closed without a go: discarded
+attempt = os.environ["TRAINING_TOOLKIT_RESTART_COUNT"]
+with open(os.path.join(marks, "attempt-%s.json" % attempt), "w") as f:
+    json.dump({"pid": os.getpid(), "parked": fifo is not None,
+               "hosts": os.environ["SM_HOSTS"]}, f)
+end = time.monotonic() + 30
+while attempt == "0" and time.monotonic() < end and not os.path.exists(
+        os.path.join(standby_dir, "launcher.pid")):
+    time.sleep(0.02)
+"""
+
+
+@pytest.mark.parametrize("change", [
+    {}, {"SM_HOSTS": '["algo-1","algo-3"]'}, {"EXTRA": "1"}, {"cwd": "other"},
+    {"relay_stdout": True},
+], ids=["same-command", "new-host-list", "an-added-variable", "another-cwd", "other-streams"])
+def test_a_standby_is_adopted_only_for_exactly_the_command_it_stands_in_for(tmp_path, change):
+    """A real Supervisor and a real parked launch (supervise/standby.py):
+    the restart's start adopts the standby when its argv, environment,
+    working dir and streams are the ones it was started for; anything else
+    (a new host list, say) discards it and starts the command fresh."""
+    import sys
+
+    from training_toolkit import params
+    from training_toolkit.supervise import Supervisor
+    from training_toolkit.supervise.standby import WarmNext, launcher_standby
+
+    marks, standby_dir = tmp_path / "marks", str(tmp_path / "standby")
+    marks.mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "launch.py").write_text(LAUNCH)
+    argv = [sys.executable, str(tmp_path / "launch.py"), str(marks), standby_dir]
+    env = dict(os.environ, SM_HOSTS='["algo-1","algo-2"]', **{params.RESTART_COUNT_ENV: "0"})
+    cwd = str(tmp_path)
+    supervisor = Supervisor(grace_seconds=5)
+    supervisor.warm_next = WarmNext({params.RESTART_COUNT_ENV: "1"}, standby_dir, 0)
+    try:
+        supervisor.start(argv, env=env, cwd=cwd, standby=launcher_standby(argv, env, cwd))
+        assert supervisor.wait().exit_code == 0
+        assert supervisor.has_standby  # parked for attempt 1
+        parked = supervisor._standby.proc
+        supervisor.warm_next = None  # no attempt after this one
+        change = dict(change)
+        next_cwd = str(tmp_path / change.pop("cwd")) if "cwd" in change else cwd
+        relay_stdout = change.pop("relay_stdout", False)
+        next_env = dict(env, **{params.RESTART_COUNT_ENV: "1"}, **change)
+        proc = supervisor.start(argv, env=next_env, cwd=next_cwd, relay_stdout=relay_stdout)
+        assert supervisor.wait().exit_code == 0
+        with open(marks / "attempt-1.json") as f:
+            ran = json.load(f)
+        if not (change or next_cwd != cwd or relay_stdout):
+            assert supervisor.started_warm and proc is parked, ran
+            assert ran == {"pid": parked.pid, "parked": True, "hosts": env["SM_HOSTS"]}
+        else:
+            assert not supervisor.started_warm and proc is not parked, ran
+            assert ran["pid"] != parked.pid and not ran["parked"], ran
+            assert ran["hosts"] == next_env["SM_HOSTS"]
+            assert parked.returncode is not None  # the standby was killed and reaped
+    finally:
+        supervisor.discard_standby()

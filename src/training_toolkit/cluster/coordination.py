@@ -132,8 +132,13 @@ class JobMaster:
             # A host answers within its deadline; the margin is the network's.
             summaries.update(self.control.wait_for_stacks(hosts, started + deadline + 2.0))
             odd = odd_rank(summaries)
-            if odd is not None:  # its wrapper's report may be a poll behind the first one
-                self.control.wait_for_hang(odd, time.monotonic() + 3 * POLL_S)
+            if odd is not None:
+                # Its wrapper's report may be a poll behind the first one, or
+                # up to a timeout behind where its silence began after the
+                # others' (a data loader that still logged while they already
+                # waited in the collective): the verdict names it once it is in.
+                self.control.wait_for_hang(
+                    odd, time.monotonic() + (settings.timeout_s or 0) + 3 * POLL_S)
             self.hang = decide(list(self.control.hangs), summaries, settings.exit_code,
                                time.monotonic() - started)
             hang = self.hang.hang
