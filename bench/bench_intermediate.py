@@ -361,7 +361,7 @@ def rewrite_run(contender, client, seed, drain_s):
 def large_rewrite_run(contender, client, seed, mib):
     """A file rewritten while it uploads: (seconds from the last close to the
     exit, whether S3 ends with the final content)."""
-    from training_toolkit.intermediate.verify import expected_etag
+    from training_toolkit.s3sync.verify import expected_etag
 
     base, env, job_name = contender.job("rewrite-large", CONTENT + LARGE_REWRITE_JOB % {
         "seed": seed, "mib": mib})

@@ -112,7 +112,7 @@ class _RaisesOnce:
 
 
 def _sync(tmp_path, s3_server, bucket, rules, on_dead=None):
-    from training_toolkit.intermediate.sync import Sync
+    from training_toolkit.s3sync.sync import Sync
 
     return Sync(str(tmp_path / "tree"), bucket, "p/", endpoint_url=s3_server, rules=rules,
                 on_dead=on_dead)
@@ -120,7 +120,7 @@ def _sync(tmp_path, s3_server, bucket, rules, on_dead=None):
 
 def test_a_sync_loop_that_fails_starts_again_and_uploads_what_it_missed(tmp_path, s3_server,
                                                                          bucket):
-    from training_toolkit.intermediate.rules import EveryFile
+    from training_toolkit.s3sync.rules import EveryFile
 
     sync = _sync(tmp_path, s3_server, bucket, _RaisesOnce(EveryFile(), "a.bin"))
     sync.start()

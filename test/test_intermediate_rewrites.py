@@ -16,7 +16,7 @@ from jobs import wait_for
 from s3_fixtures import FaultyProxy, s3_client
 from test_intermediate import JOB_NAME, bucket, body, objects, run_ok, s3_job  # noqa: F401
 from training_toolkit import intermediate_output
-from training_toolkit.intermediate import uploads, verify
+from training_toolkit.s3sync import uploads, verify
 
 MIB = 1 << 20
 # The reference's test_large_files: 17 MB .npy files, above the multipart

@@ -1,17 +1,17 @@
-"""The checkpoint tree's rules for the sync (intermediate/rules.py's seam):
+"""The checkpoint tree's rules for the sync (s3sync/rules.py's seam):
 which files go up when, what makes this host's part of a unit durable, and
 when a deleted unit's objects may go (resilience/commits.py decides that for
 the job). `complete_units` says which units a local dir holds whole."""
 import os
 import time
 
-from ..intermediate.rules import EveryFile, unit_of
+from ..s3sync.rules import EveryFile, unit_of
 from .commits import RESERVED
 from .restore import ASIDE, STAGING
 
 
 class CheckpointRules(EveryFile):
-    """The checkpoint tree's rules for the sync (see intermediate.rules):
+    """The checkpoint tree's rules for the sync (see s3sync.rules):
     with a `marker`, a top-level directory's files go up only once the
     marker exists in it, and the marker after them all. This host's part of
     a unit is durable when its marker is in S3 (without a marker: when

@@ -79,7 +79,7 @@ class Checkpoints:
     def _s3(self):
         if self._client is None:
             from .. import s3
-            from ..intermediate.uploads import REQUEST_ATTEMPTS
+            from ..s3sync.uploads import REQUEST_ATTEMPTS
 
             self._client = s3.client(self.endpoint_url, self.region,
                                      max_attempts=REQUEST_ATTEMPTS)
@@ -212,7 +212,7 @@ class Checkpoints:
             time.sleep(delay)
 
     def _make_sync(self):
-        from ..intermediate.sync import Sync
+        from ..s3sync.sync import Sync
         from .committer import Committer
 
         s = self.settings
@@ -346,7 +346,7 @@ class Checkpoints:
 
         from botocore.exceptions import ClientError
 
-        from ..intermediate.verify import MULTIPART_THRESHOLD, expected_etag
+        from ..s3sync.verify import MULTIPART_THRESHOLD, expected_etag
 
         s = self.settings
         root = os.path.join(s.local_dir, unit)

@@ -21,7 +21,7 @@ import os
 import shutil
 import time
 
-from ..intermediate.verify import MULTIPART_CHUNKSIZE, MULTIPART_THRESHOLD, expected_etag
+from ..s3sync.verify import MULTIPART_CHUNKSIZE, MULTIPART_THRESHOLD, expected_etag
 from .commits import RESERVED
 
 # Where a unit is downloaded before it is moved into place.

@@ -30,7 +30,7 @@ class TreeWatcher:
     `gone(rel)` for each file deleted or moved away. A rescan wants only the
     files for which `changed(rel)` is true (they differ from what went up);
     `record_error(err, what)` hears of what cannot be watched; `rules`
-    (intermediate.rules) say which deleted file goes first (a marker)."""
+    (s3sync.rules) say which deleted file goes first (a marker)."""
 
     def __init__(self, root, want, changed, record_error, rescan_s=RESCAN_S, gone=None,
                  rules=None):

@@ -9,7 +9,7 @@ CONCURRENCY parts at a time, each part read once into memory from a
 errors; a file that still fails is tried again later with a backoff. One
 file has at most one upload in flight; a file changed while it uploads is
 uploaded again afterwards, so the object ends with the file's last content.
-The tree's rules (intermediate.rules) say which files may go up yet, which
+The tree's rules (s3sync.rules) say which files may go up yet, which
 wait for the rest of their unit (a completeness marker goes up last), and
 whether a local delete deletes the object: a delete then takes a file's
 turn as an upload would, with the same retries.
@@ -148,7 +148,7 @@ class Uploads:
         self.client = client
         self._requests = Requests(client, self.bucket, self.prefix, self._post)
         self._putter = ThreadPoolExecutor(max_workers=CONCURRENCY,
-                                          thread_name_prefix="intermediate-put")
+                                          thread_name_prefix="s3sync-put")
         self._manager = TransferManager(client, config)
         waiting, self._waiting = self._waiting, set()
         for rel in sorted(waiting):

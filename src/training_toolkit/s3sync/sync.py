@@ -7,7 +7,7 @@ against what was uploaded, the uploads in flight and any retry, all within a
 deadline; then one listing of the prefix checks every file present by size
 and ETag (`verify`), re-uploading what does not match. A failed upload never
 fails the job: it is logged (rate-limited) and counted in ``snapshot()``,
-which `train` writes to status.json. The tree's rules (intermediate.rules)
+which `train` writes to status.json. The tree's rules (s3sync.rules)
 decide what goes up and when; the checkpoint sync is this sync with its own.
 """
 import os
@@ -59,7 +59,7 @@ class Sync:
     """Watches `root` and uploads what appears there to s3://bucket/prefix.
     Failed uploads and listings wait `backoff_s` (first, most) between
     tries; without inotify the tree is rescanned every `rescan_s`. `rules`
-    (intermediate.rules; every file by default) decide what goes up."""
+    (s3sync.rules; every file by default) decide what goes up."""
 
     def __init__(self, root, bucket, prefix, region=None, endpoint_url=None, s3_output=None,
                  timeout_s=None, backoff_s=(FIRST_BACKOFF_S, MAX_BACKOFF_S), rescan_s=RESCAN_S,
