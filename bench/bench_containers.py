@@ -12,6 +12,15 @@ container, and a 2-container MPI job.
             prints one line) against `<engine> run --rm -v TREE:/opt/ml
             --entrypoint python3 IMAGE /opt/ml/code/job.py` (the same script,
             no toolkit) in the same image; medians of --runs runs, alternated.
+  dlc       the PyTorch DLC's unchanged framework hook on a trivial job, one
+            container started as SageMaker starts one, `<engine> run --rm
+            --hostname algo-1 -v TREE:/opt/ml IMAGE train` (the DLC's
+            entrypoint, its gethostname() preloaded, then `train`):
+            tt-dlc-pytorch (the DLC extended with this toolkit,
+            docker/dlc-extend) against tt-dlc-pytorch-aws (the DLC stand-in, on
+            the reference toolkit); paired runs, alternated in a rotating order
+            after one warm-up each, the job's run state reset before each;
+            medians of --dlc-runs runs and ours/reference.
   mpi       2 containers x 2 ranks of a trivial MPI job (mpi4py Barrier) in the
             byo-mpi image (training_toolkit.rehearsal.containers.Cluster): wall time of each
             container's `<engine> run` (start to exit), and of the whole (image
@@ -20,8 +29,8 @@ container, and a 2-container MPI job.
             container.
 
 With --skip-build the images of scripts/image-check.sh (localhost/tt-<key>)
-are measured instead, and nothing is built. The bench images are removed at
-the end unless --keep.
+are measured instead, and nothing is built; --dlc-only measures dlc alone,
+on those images. The bench images are removed at the end unless --keep.
 """
 import argparse
 import os
@@ -37,6 +46,10 @@ from training_toolkit.rehearsal.jobtree import reset_run_state, write_job_tree
 ROOT = os.path.dirname(common.HERE)
 IMAGE_CHECK = os.path.join(ROOT, "scripts", "image-check.sh")
 KEYS = ["byo-slim", "byo-mpi", "framework", "separate-env"]
+# The DLC images: built and sized with the others; their entrypoint runs a
+# job only when given `train` (docker/README.md), so they have a section of
+# their own instead of the overhead one.
+DLC_KEYS = ["dlc-pytorch-aws", "dlc-pytorch"]
 CONTEXT_FILES = ["setup.py", "pyproject.toml", "README.md", ".dockerignore", "src", "docker"]
 TARGET_MPI_S = 4.0
 JOB = 'print("hello from a trivial job")\n'
@@ -121,6 +134,25 @@ def overhead(engine, image, runs):
     return {name: common.median(t) for name, t in times.items()}
 
 
+def dlc(engine, images, runs):
+    """{"ours": median s, "reference": median s} of a trivial job through the
+    DLC hook, one container each, `IMAGE train`."""
+    tree = job_tree("dlc", JOB)
+    # The hook waits (up to 15 min) until every host name resolves: the
+    # container is the job's algo-1, as on SageMaker.
+    run = [engine, "run", "--rm", "--hostname", "algo-1", "-v", "%s:/opt/ml" % tree]
+    contenders = {"ours": lambda: common.timed(run + [images["dlc-pytorch"], "train"]),
+                  "reference": lambda: common.timed(run + [images["dlc-pytorch-aws"], "train"])}
+    src = os.path.join(common.WORK, "containers", "dlc", "src")
+
+    def fresh_run(name):
+        reset_run_state(tree)  # the outcome, and the code, which goes back in
+        containers.prepare_tree(tree, src)
+
+    times = common.alternate(contenders, runs, warmup=1, before_each=fresh_run)
+    return {name: common.median(t) for name, t in times.items()}
+
+
 def mpi_job(image):
     """One 2x2 MPI job: ({host: seconds from start to its container's exit}, total)."""
     hosts = ["algo-1", "algo-2"]
@@ -146,10 +178,25 @@ def mpi_job(image):
     return ended, total
 
 
+def print_dlc(engine, images, runs):
+    print("DLC hook, ours against the reference:", flush=True)
+    med = dlc(engine, images, runs)
+    print("\ntrivial job through the PyTorch DLC's hook, `run IMAGE train`, median of %d "
+          "paired runs:" % runs)
+    common.table(["ours (%s)" % images["dlc-pytorch"],
+                  "reference (%s)" % images["dlc-pytorch-aws"], "ours / reference"],
+                 [[common.ms(med["ours"]), common.ms(med["reference"]),
+                   "%.2f" % (med["ours"] / med["reference"])]])
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=10, help="timed runs per overhead contender")
     p.add_argument("--mpi-runs", type=int, default=5, help="timed 2-container MPI jobs")
+    p.add_argument("--dlc-runs", type=int, default=11,
+                   help="paired runs of the DLC hook, ours and the reference")
+    p.add_argument("--dlc-only", action="store_true",
+                   help="only the DLC comparison, on image-check.sh's images (no build)")
     p.add_argument("--skip-build", action="store_true",
                    help="measure the images image-check.sh built; build nothing")
     p.add_argument("--keep", action="store_true", help="keep the bench images")
@@ -158,8 +205,13 @@ def main():
     engine = containers.engine()
     print("engine: %s" % engine, flush=True)
 
+    if args.dlc_only:
+        args.skip_build = True
     prefix = "localhost/tt-" if args.skip_build else "localhost/tt-bench-"
-    images = {key: "%s%s:latest" % (prefix, key) for key in KEYS}
+    images = {key: "%s%s:latest" % (prefix, key) for key in KEYS + DLC_KEYS}
+    if args.dlc_only:
+        print_dlc(engine, images, args.dlc_runs)
+        return
     if not args.skip_build:
         context = copy_context()
         cold, cold_wall = build(context, prefix, "--no-cache")
@@ -169,12 +221,12 @@ def main():
         warm, warm_wall = build(context, prefix)
         print("\nimage builds (s), each image's stack of layers from the base image:")
         common.table(["image", "cold (--no-cache)", "after a source change"],
-                     [[k, "%.1f" % cold[k], "%.1f" % warm[k]] for k in KEYS] +
+                     [[k, "%.1f" % cold[k], "%.1f" % warm[k]] for k in KEYS + DLC_KEYS] +
                      [["all, wall", "%.1f" % cold_wall, "%.1f" % warm_wall]])
 
     print("\nimage sizes:")
     common.table(["image", "size"], [[images[k], "%.0f MB" % (image_size(engine, images[k]) / 1e6)]
-                                     for k in KEYS])
+                                     for k in KEYS + DLC_KEYS])
 
     rows = []
     for key in KEYS:
@@ -184,6 +236,8 @@ def main():
                      common.ms(med["train"] - med["python3 job.py"])])
     print("\ntrivial job in one container, median of %d runs each (alternated):" % args.runs)
     common.table(["image", "run python3 job.py", "run train", "overhead"], rows)
+
+    print_dlc(engine, images, args.dlc_runs)
 
     mpi_job(images["byo-mpi"])  # warm-up
     runs = [mpi_job(images["byo-mpi"]) for _ in range(args.mpi_runs)]

@@ -26,9 +26,14 @@ CONTEXT=${TT_BUILD_CONTEXT:-.}
 # a change to the sources rebuilds only that, except under separate-env's
 # user environment, which must come after it (see docker/README.md). Image
 # KEY is tagged PREFIX<KEY>:latest, its lower layers PREFIX<KEY>:<n>-<LAYER>;
-# the layer cache shares the ones that are the same (byo-mpi's).
+# the layer cache shares the ones that are the same (byo-mpi's; the torch
+# install of framework and dlc-pytorch; all of dlc-pytorch-aws in dlc-pytorch).
+# dlc-pytorch-aws stands in for AWS's PyTorch DLC, on the reference toolkit;
+# dlc-pytorch is it extended with this one (docker/dlc-extend: the layer a
+# user adds FROM a DLC).
 IMAGES=(byo-slim=byo-slim byo-mpi=byo-mpi,byo-slim framework=byo-mpi,framework,byo-slim
-        separate-env=byo-slim,separate-env)
+        separate-env=byo-slim,separate-env
+        dlc-pytorch-aws=byo-mpi,dlc-pytorch dlc-pytorch=byo-mpi,dlc-pytorch,dlc-extend)
 
 # The same choice as training_toolkit.rehearsal.containers.engine().
 if command -v docker >/dev/null && docker info >/dev/null 2>&1; then ENGINE=docker; else ENGINE=podman; fi
@@ -95,6 +100,36 @@ smoke() {
     echo "smoke $key $(since "$t0")"
 }
 
+# A DLC image, started as `IMAGE train` (as SageMaker and `local --image` do),
+# with a job tree as `local` lays it out, and a check of which toolkit ran:
+# this project's writes output/status.json, the reference does not. Prints
+# `smoke KEY SECONDS` or fails.
+smoke_dlc() {
+    local key=$1 toolkit=$2 t0
+    t0=$(now)
+    if ! python3 - "$(image_name "$key")" "$work/$key" "$work/code" "$toolkit" \
+            >"$work/$key.log" 2>&1 <<'EOF'
+import os, sys
+from training_toolkit.rehearsal import containers
+from training_toolkit.rehearsal.jobtree import write_job_tree
+image, root, code, toolkit = sys.argv[1:]
+write_job_tree(root, "train.py", containers.CODE_DIR)
+containers.prepare_tree(root, code)
+with containers.Cluster(image, [root], capture=True) as cluster:
+    code = cluster.start(["train"]).wait(300)["algo-1"]
+print(cluster.output["algo-1"].decode("utf-8", "replace")[-3000:])
+ours = os.path.exists(os.path.join(root, "output", "status.json"))
+ok = os.path.exists(os.path.join(root, "output", "success"))
+sys.exit(0 if code == 0 and ok and ours is (toolkit == "ours") else 1)
+EOF
+    then
+        tail -n 30 "$work/$key.log" >&2
+        echo "image-check: smoke job in $key failed (or ran the wrong toolkit)" >&2
+        return 1
+    fi
+    echo "smoke $key $(since "$t0")"
+}
+
 smoke_jobs() {
     work=$(mktemp -d)
     trap 'rm -rf "$work"' RETURN
@@ -110,6 +145,8 @@ EOF
         --hp sagemaker_torch_distributed_enabled=true --hp sagemaker_mpi_num_of_processes_per_host=2
     # numpy comes from the user's environment (its requirements.txt is satisfied there).
     smoke separate-env examples/linear-regression --hp epochs=50
+    smoke_dlc dlc-pytorch-aws reference
+    smoke_dlc dlc-pytorch ours
 }
 
 echo "image-check: engine $ENGINE, base $BASE_IMAGE" >&2

@@ -18,7 +18,11 @@ SPEC (JSON):
   snapshot         where each host's /opt/ml/output is copied before the SDK deletes it
   source_dir, entry_point, hyperparameters, environment, base_job_name
   v2: `distribution` is passed to the Estimator as a user would (the generic
-      Estimator ignores it: hyperparameters carry the distribution instead)
+      Estimator ignores it: hyperparameters carry the distribution instead);
+      "estimator": "pytorch" makes it the framework estimator
+      `sagemaker.pytorch.PyTorch` (with "framework_version" and "py_version";
+      it turns `distribution` into its hyperparameters) instead of the generic
+      `Estimator`
   v3: "source_code": SourceCode kwargs (source_dir is added), or absent for a
       legacy tree (hyperparameters sagemaker_program and a file://
       sagemaker_submit_directory, no SourceCode);
@@ -36,7 +40,8 @@ botocore's and requests' included) and reported, as is every command it runs.
 
 The last line on stdout is `SDK-LOCAL-RESULT <json>`:
   ok, error (the exception's text), error_type, seconds (fit's wall time),
-  model_data (v2: estimator.model_data on success), artifacts (what
+  model_data (v2: estimator.model_data on success), estimator_hyperparameters
+  (v2: estimator.hyperparameters() after fit), artifacts (what
   retrieve_artifacts returned), container_root, compose_file, hosts,
   host_outputs {host: snapshot dir}, connects, lookups, commands.
 """
@@ -114,7 +119,11 @@ def run_v2():
     kwargs = {}
     if spec.get("distribution") is not None:
         kwargs["distribution"] = spec["distribution"]
-    estimator = Estimator(
+    cls = Estimator
+    if spec.get("estimator") == "pytorch":
+        from sagemaker.pytorch import PyTorch as cls
+        kwargs.update(framework_version=spec["framework_version"], py_version=spec["py_version"])
+    estimator = cls(
         image_uri=spec["image"], role="arn:aws:iam::111111111111:role/fake",
         instance_count=spec["instance_count"], instance_type=spec.get("instance_type", "local"),
         sagemaker_session=session, entry_point=spec["entry_point"],
@@ -129,6 +138,10 @@ def run_v2():
             result["model_data"] = estimator.model_data
         except Exception as e:  # noqa: BLE001
             result["model_data_error"] = "%s: %s" % (type(e).__name__, e)
+        try:  # what the estimator made of its arguments (a framework's: `distribution`)
+            result["estimator_hyperparameters"] = estimator.hyperparameters()
+        except Exception as e:  # noqa: BLE001
+            result["estimator_hyperparameters_error"] = "%s: %s" % (type(e).__name__, e)
 
 
 def run_v3():

@@ -11,6 +11,8 @@ base image is missing, and fails instead with TRAINING_TOOLKIT_REQUIRE_CONTAINER
 """
 import json
 import os
+import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -39,7 +41,8 @@ def unavailable(reason):
 
 @pytest.fixture(scope="session")
 def images():
-    """{key: image name} for byo-slim, byo-mpi, framework, separate-env."""
+    """{key: image name} for byo-slim, byo-mpi, framework, separate-env,
+    dlc-pytorch-aws and dlc-pytorch."""
     try:
         engine = containers.engine()
     except containers.ContainersUnavailable as e:
@@ -69,7 +72,7 @@ class ContainerJob:
     under `root/<host>`; the user's code, written to `root/src`, is copied
     into each tree's code/, and `channels` are mounted read-only."""
 
-    def __init__(self, root, image, n, files, hyperparameters=None, channels=None):
+    def __init__(self, root, image, n, files, hyperparameters=None, channels=None, names=None):
         self.root = str(root)
         src = os.path.join(self.root, "src")
         os.makedirs(src)
@@ -84,8 +87,14 @@ class ContainerJob:
                            channels=channels, hosts=self.hosts, current_host=host)
             mounts = containers.prepare_tree(base, src, channels)
             roots.append(base)
+        # `names`: the containers' own hostnames, where they are not the job's
+        # host names (algo-K, then each container's alias on the network).
+        self.names = dict(zip(self.hosts, names or self.hosts))
         self.cluster = containers.Cluster(image, roots, mounts, capture=True,
-                                          env={"TRAINING_TOOLKIT_SSH_DEADLINE_S": 60})
+                                          env={"TRAINING_TOOLKIT_SSH_DEADLINE_S": 60},
+                                          names=[self.names[h] for h in self.hosts],
+                                          aliases={self.names[h]: [h] for h in self.hosts
+                                                   if self.names[h] != h})
 
     def __enter__(self):
         return self
@@ -102,13 +111,13 @@ class ContainerJob:
     def wait(self, timeout=180):
         codes = self.cluster.wait(timeout)
         self.ended = time.monotonic()
-        return codes
+        return {h: codes[self.names[h]] for h in self.hosts if self.names[h] in codes}
 
     def run(self, args=(), timeout=180, **env):
         return self.start(args, **env).wait(timeout)
 
     def out(self, host="algo-1"):
-        return self.cluster.output[host].decode("utf-8", "replace")
+        return self.cluster.output[self.names[host]].decode("utf-8", "replace")
 
     def path(self, host, *parts):
         return os.path.join(self.root, host, *parts)
@@ -368,6 +377,124 @@ def test_kill_of_the_master_makes_the_worker_exit_79(images, tmp_path):
         assert "lost the master" in job.read("algo-2", "output", "failure")
 
 
+# -- a DLC extended with the toolkit: docker/dlc-pytorch, docker/dlc-extend --
+# tt-dlc-pytorch-aws stands in for AWS's PyTorch DLC (the reference toolkit,
+# the DLC's framework hook as SAGEMAKER_TRAINING_MODULE, its entrypoint
+# start_with_right_hostname.sh); tt-dlc-pytorch is that plus the one layer
+# `pip install training-toolkit`. Started as SageMaker starts an image,
+# `IMAGE train`: the entrypoint preloads its gethostname() into `train`, which
+# is now ours, and ours runs the hook unchanged (its `from sagemaker_training
+# import ...` gets this package's modules).
+
+# The user's script: what it sees, to model/rank-<rank>.json; with WORLD_SIZE
+# (torchrun), a gloo all_reduce of rank + 1 first; FAIL: exit 3.
+DLC_JOB = """
+import json, os, socket, sys
+from importlib.metadata import version
+import sagemaker_training
+env = os.environ
+rank = int(env.get("RANK", "0"))
+info = {"rank": rank, "argv": sys.argv[1:], "host": env["SM_CURRENT_HOST"],
+        "hostname": socket.gethostname(), "uname": os.uname().nodename,
+        "preload": env.get("LD_PRELOAD"), "sagemaker_training": sagemaker_training.__name__,
+        "torch": version("torch"),
+        # What the hook sets before it runs the script.
+        "dlc_torch": env.get("SM_DLC_TORCH_VERSION"), "master": env.get("MASTER_ADDR"),
+        "master_port": env.get("MASTER_PORT"), "nccl_if": env.get("NCCL_SOCKET_IFNAME"),
+        "nccl_ib": env.get("NCCL_IB_DISABLE")}
+if "WORLD_SIZE" in env:
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t)
+    info.update(world=dist.get_world_size(), sum=t.item())
+    dist.destroy_process_group()
+with open(os.path.join(env["SM_MODEL_DIR"], "rank-%d.json" % rank), "w") as f:
+    json.dump(info, f)
+if env.get("FAIL"):
+    print("ValueError: the data is bad", file=sys.stderr)
+    sys.exit(3)
+"""
+
+DLC_PROBE = """\
+import importlib.metadata as m, json, gethostname, sagemaker_training
+print(json.dumps({"file": sagemaker_training.__file__, "version": m.version("sagemaker-training"),
+                  "gethostname": gethostname.__file__}))
+"""
+
+
+def dlc_probe(image):
+    """A shell command in a container of `image`, through its entrypoint
+    (`eval "$@"`): the `train` on PATH, and what a plain python3, not under
+    `train`, imports as sagemaker_training."""
+    name = "tt-%s-probe" % secrets.token_hex(4)
+    run = subprocess.run([containers.engine(), "run", "--rm", "--name", name, image,
+                          "train --version && python3 -c %s" % shlex.quote(DLC_PROBE)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert not [n for n in engine_names() if n == name]
+    train, probe = run.stdout.strip().splitlines()[-2:]
+    return dict(json.loads(probe), train=train)
+
+
+def test_dlc_extended_runs_its_hook_on_the_toolkit(images, tmp_path):
+    image = images["dlc-pytorch"]
+    probe = dlc_probe(image)
+    # pip wrote our bin/train over the reference's; the reference package
+    # stays (the framework toolkit requires it) for whoever imports it plainly.
+    assert probe["train"].startswith("train (training-toolkit) "), probe
+    assert probe["file"].endswith("-packages/sagemaker_training/__init__.py"), probe
+    assert probe["version"] == "5.1.4" and probe["gethostname"].endswith(".so"), probe
+    files = {"train.py": DLC_JOB}
+    with ContainerJob(tmp_path / "ok", image, 1, files, hyperparameters={"epochs": 2}) as job:
+        assert job.run(["train"]) == {"algo-1": 0}, job.out()
+        info = json.loads(job.read("algo-1", "model", "rank-0.json"))
+        assert info["argv"] == ["--epochs", "2"]
+        # The user's `import sagemaker_training` is ours too, under train.
+        assert info["sagemaker_training"] == "training_toolkit"
+        assert info["preload"] == "/libchangehostname.so"
+        assert info["hostname"] == info["host"] == "algo-1"
+        assert info["dlc_torch"] == info["torch"] and info["master"] == "algo-1"
+        assert info["master_port"] == "7777" and info["nccl_if"] == "eth0"
+        assert info["nccl_ib"] == "1"
+        assert job.exists("algo-1", "output", "success")
+        assert not job.exists("algo-1", "output", "failure")
+        # The reference writes no status.json: `train` was ours.
+        status = job.status()
+        assert status["runner"] == "process" and status["exit_code"] == 0
+    with ContainerJob(tmp_path / "fails", image, 1, files) as job:
+        # The reference would exit 1 ("ExecuteUserScriptError:\nExitCode 3").
+        assert job.run(["train"], FAIL=1) == {"algo-1": 3}, job.out()
+        failure = job.read("algo-1", "output", "failure")
+        assert failure.startswith("ExecuteUserScriptError: exit code 3"), failure
+        assert "ValueError: the data is bad" in failure[:1024]
+        assert not job.exists("algo-1", "output", "success")
+        assert job.status()["exit_code"] == 3
+
+
+def test_dlc_extended_torchrun_across_two_containers(images, tmp_path):
+    """The hook picks the torchrun runner (ours): 2 gloo ranks per container.
+    The containers' own hostnames are node-1 and node-2 (algo-K their
+    aliases): each rank's gethostname() is the job's host name only through
+    the entrypoint's preloaded library."""
+    hps = {"sagemaker_torch_distributed_enabled": True,
+           "sagemaker_mpi_num_of_processes_per_host": 2}
+    with ContainerJob(tmp_path, images["dlc-pytorch"], 2, {"train.py": DLC_JOB},
+                      hyperparameters=hps, names=["node-1", "node-2"]) as job:
+        assert job.run(["train"]) == {"algo-1": 0, "algo-2": 0}, job.out() + job.out("algo-2")
+        ranks = rank_files(job)
+        assert sorted(ranks) == [0, 1, 2, 3]
+        for rank, info in ranks.items():
+            k = rank // 2 + 1
+            assert info["world"] == 4 and info["sum"] == 10
+            assert info["host"] == info["written_on"] == "algo-%d" % k
+            assert info["uname"] == "node-%d" % k and info["hostname"] == info["host"], info
+            assert info["sagemaker_training"] == "training_toolkit"
+        for host in job.hosts:
+            assert job.exists(host, "output", "success")
+            assert job.status(host)["runner"] == "torchrun"
+
+
 # -- training-toolkit local --image -----------------------------------------
 
 def test_local_image_runs_an_mpi_job_on_two_containers(images, tmp_path):
@@ -397,6 +524,21 @@ def test_local_image_exits_with_the_jobs_code(images, tmp_path):
     assert run.returncode == 5, run.stderr[-3000:]
     assert "algo-1: failed with exit code 5" in run.stderr
     assert os.path.exists(tmp_path / "job" / "algo-1" / "output" / "failure")
+
+
+def test_local_image_starts_a_dlc_as_sagemaker_does(images, tmp_path):
+    # `IMAGE train`: a DLC's entrypoint runs `train` only when asked to (its
+    # CMD, a shell, would exit 0 with no job run).
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("import sys; sys.exit(5)")
+    run = subprocess.run(CLI + ["local", str(code), "--image", images["dlc-pytorch"],
+                                "--job-dir", str(tmp_path / "job")],
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 5, run.stderr[-3000:]
+    status = json.loads((tmp_path / "job" / "algo-1" / "output" / "status.json").read_text())
+    # status.json and the script's own code: the hook ran on ours (the reference: 1, no status).
+    assert status["exit_code"] == 5 and status["runner"] == "process"
 
 
 def test_local_image_ctrl_c_removes_containers_and_network(images, tmp_path):

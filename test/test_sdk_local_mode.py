@@ -552,6 +552,71 @@ def test_v2_torchrun_two_hosts(sdk, tmp_path):
     assert set(r.verdicts().values()) <= {"success", None}, r.verdicts()
 
 
+# -- SDK v2: sagemaker.pytorch.PyTorch on a DLC extended with the toolkit ----
+# tt-dlc-pytorch (docker/dlc-pytorch, docker/dlc-extend): the PyTorch DLC's
+# entrypoint (start_with_right_hostname.sh), which v2's `command: train`
+# reaches, and its framework hook, unchanged, on our `train`. The framework
+# estimator, as a DLC's user writes it: with image_uri given, the SDK checks
+# neither version against the instance type (fw_utils.validate_torch_distributed_
+# distribution), but the estimator requires them all the same.
+
+PYTORCH = dict(estimator="pytorch", framework_version="2.3.0", py_version="py311")
+
+
+def assert_dlc_ran_ours(info, out):
+    # The entrypoint's preloaded gethostname(): the job's host name
+    # (algo-N-xxxxx), where the container's own is its id (test_v2_one_host).
+    assert info["hostname"] == info["sm_host"], info
+    # The reference writes no status.json: `train` was ours.
+    assert out["status"] is not None, out
+
+
+def test_v2_pytorch_estimator_one_host(sdk, tmp_path):
+    r = job(sdk, tmp_path, "dlc-pytorch", "v2", hyperparameters=HPS, **PYTORCH)
+    assert r.ok, r.describe()
+    r.assert_no_network()
+    [host] = r.hosts
+    info = r.model()["rank-0.json"]
+    assert info["kind"] == "plain" and info["argv"] == ARGV and info["sm_host"] == host
+    out = r.host_output(host)
+    assert_dlc_ran_ours(info, out)
+    assert out["success"] and out["status"]["runner"] == "process", out
+    assert out["status"]["exit_code"] == 0
+
+
+def test_v2_pytorch_estimator_torch_distributed_two_hosts(sdk, tmp_path):
+    """distribution={"torch_distributed": {"enabled": True}}: the estimator
+    sets sagemaker_torch_distributed_enabled, the hook picks the torchrun
+    runner, ours runs it (one process per host: no GPUs, and the
+    distribution names no count)."""
+    r = job(sdk, tmp_path, "dlc-pytorch", "v2", n=2,
+            distribution={"torch_distributed": {"enabled": True}}, **PYTORCH)
+    assert r.ok, r.describe()
+    r.assert_no_network()
+    assert r.distribution_kept is True
+    assert r.estimator_hyperparameters["sagemaker_torch_distributed_enabled"] == "true"
+    hosts = sorted(r.hosts)
+    assert [V2_HOST.match(h).group(1) for h in hosts] == ["1", "2"]
+    assert_all_ranks(r, 2, lambda rank: hosts[rank])
+    master = r.host_output(hosts[0])
+    assert_dlc_ran_ours(r.ranks()[0], master)
+    assert master["success"] and master["status"]["runner"] == "torchrun", master
+    assert set(r.verdicts().values()) <= {"success", None}, r.verdicts()
+
+
+def test_v2_pytorch_estimator_script_exits_3(sdk, tmp_path):
+    r = job(sdk, tmp_path, "dlc-pytorch", "v2", environment={"EXIT_CODE": "3"}, **PYTORCH)
+    # The reference's `train` would exit 1 here: the script's code reaches the SDK.
+    assert_failed_with(r, 3)
+    r.assert_no_network()
+    [host] = r.hosts
+    out = r.host_output(host)
+    assert_dlc_ran_ours(r.model()["rank-0.json"], out)
+    assert out["failure"].startswith("ExecuteUserScriptError: exit code 3"), out
+    assert not out["success"] and out["status"]["exit_code"] == 3
+    assert r.collected_output()["failure"] == out["failure"]
+
+
 # -- SDK v3, legacy trees: sagemaker_program + a file:// submit dir -----------
 
 def test_v3_legacy_one_host(sdk, tmp_path):

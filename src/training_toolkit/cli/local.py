@@ -329,7 +329,9 @@ def _local_containers(args, stop, job_dir, entry, code_dir, channels, hps):
     with containers.Cluster(args.image, roots, mounts) as cluster:
         _say("%d container(s) of %s (%s), job trees under %s"
              % (len(hosts), args.image, cluster.engine, job_dir))
-        cluster.start()
+        # `IMAGE train`, as SageMaker starts an image: a DLC's entrypoint runs
+        # `train` only when asked to (its CMD is a shell); ours takes `train train`.
+        cluster.start(["train"])
         # The engine's client passes each signal on to the container's `train`
         # (docker's and podman's --sig-proxy, on by default).
         stop.wait(list(cluster.procs.values()))
