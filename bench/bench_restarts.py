@@ -1,26 +1,40 @@
-"""Restart time: from a rank's failure to every rank's first output of the next attempt.
+"""Restart time: a rank's failure -> every rank's first line, and computing again.
 
 Restarts in place (TRAINING_TOOLKIT_RESTARTS=1) on simulated hosts, 1 rank per
-host (the machine has 2 cores), under torchrun and MPI, against a cold start
-of the same job, and on one node against torchrun's own --max-restarts.
+host (the machine has 2 cores), under torchrun and MPI: a warm restart (the
+next attempt's launch parked ahead, supervise/standby.py) against a cold
+restart of the same job (TRAINING_TOOLKIT_WARM_RESTARTS=0), or, with
+--baseline cold-start, against a cold start; and on one node against
+torchrun's own --max-restarts.
 
-Every rank's script records time.time() at its first line, per attempt, in
-its host's model/ (the simulated hosts share one clock); the last rank
-crashes (exit 3) on the first attempt, after two collectives and once
---crash-after seconds have passed since its first line (a failure in the
-course of training, not in the attempt's first seconds: `train` starts the
-next attempt's launcher warm TRAINING_TOOLKIT_WARM_RESTART_AFTER_S, 10 s by
-default, into an attempt), recording the time just before it exits.
+Every rank's script records, per attempt, in its host's model/ (the
+simulated hosts share one clock), time.time() at its first line, and again
+once its process group is formed and one all_reduce is done ("computing"): a
+gloo init_process_group, under torchrun from torchrun's variables, under MPI
+(after mpi4py's MPI_Init) env:// from the MPI rank's own, the master host's
+name and a port per run and attempt. The last rank crashes (exit 3) on the
+first attempt, after two collectives and once --crash-after seconds (15) have
+passed since its first line (a failure in the course of training: `train`
+starts the next attempt's standby TRAINING_TOOLKIT_WARM_RESTART_AFTER_S, 10 s
+by default, into an attempt); in a warm restart also not before every host's
+standby is parked (the driver sees it: under MPI a live rank wrapper's pid
+file in every host's standby dir, under torchrun every host's standby
+launcher blocked reading its gate, its torch import done), --warm-wait
+seconds at most. It records the time just before it exits.
 TRAINING_TOOLKIT_RESTART_BACKOFF_S=0, so that the backoff (default 5 s,
 doubling) is not what is measured.
 
 Cases (--cases), each alternated run by run (common.alternate, no warm-up):
   multi-host   at each host count of --hosts, for each runner of --runners:
-               restart     `train` on every host, the crash on attempt 0: the
-                           crash -> the last rank's first line of attempt 1
-               cold start  the same job without the crash: `train`'s start (the
-                           driver's clock, just before the first host's `train`
-                           is started) -> the last rank's first line
+               warm restart  `train` on every host, the crash on attempt 0:
+                             the crash -> the last rank's first line of
+                             attempt 1, and -> the last rank computing
+               cold restart  the same, TRAINING_TOOLKIT_WARM_RESTARTS=0
+               with --baseline cold-start, instead:
+               restart       the warm restart
+               cold start    the same job without the crash: `train`'s start
+                             (the driver's clock, just before the first host's
+                             `train` is started) -> the last rank's first line
   one-node     one host, 2 ranks:
                train       `train`, torchrun runner, the crash on attempt 0
                torchrun --max-restarts 1
@@ -31,11 +45,13 @@ Cases (--cases), each alternated run by run (common.alternate, no warm-up):
                            TORCHELASTIC_RESTART_COUNT is 0; --torchrun-rdzv static
                            runs the plain line (--master_port, one store for every
                            attempt, whose restarts can fail: see run_torchrun_by_hand)
-Both restart contenders: the crash -> the last rank's first line of the next
+Every restart contender: the crash -> the last rank's first line of the next
 attempt. Also read from each `train` run: resilience.json's restart_s (the
 previous attempt's failure to this attempt's start in `train`, before its
-ranks) and detection_s (the failure to the master's knowing it), the
-master's.
+ranks), detection_s (the failure to the master's knowing it) and warm_start,
+the master's. Against a cold restart the bench prints what the standby saves
+(the cold median minus the warm, and as a fraction of the cold) and, at 8
+hosts, whether that is at least 1 s and a third of the cold restart.
 
 Every run is bounded by --timeout; a run that fails or times out is reported
 and left out of the medians, and whatever it left in the hosts is killed by
@@ -63,8 +79,13 @@ from training_toolkit.job.paths import ATTEMPTS_RECORD_NAME, JobPaths
 RUNNERS = ("torchrun", "mpi")
 CASES = ("multi-host", "one-node")
 RATIO_TARGET = 0.5  # restart <= half a cold start
+# The warm standby stays if, at 8 hosts, it saves at least 1 s per restart
+# and at least a third of the cold restart (crash -> every rank computing).
+KEEP_SAVING_S, KEEP_SAVING_FRACTION = 1.0, 1 / 3
 RESTART, COLD, ONE_TRAIN, ONE_TORCHRUN = ("restart", "cold start", "train",
                                           "torchrun --max-restarts 1")
+WARM, COLD_RESTART = "warm restart", "cold restart"
+BASELINES = {"cold-restart": COLD_RESTART, "cold-start": COLD}
 # The first line of each rank, per attempt, is model/first-<attempt>-<rank>;
 # the crashing rank's last moment, model/failed-at.
 SCRIPT = """\
@@ -87,19 +108,31 @@ if "OMPI_COMM_WORLD_RANK" in os.environ:
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     world, collective = comm.Get_size(), lambda: comm.allreduce(1)
-else:
-    import torch, torch.distributed as dist
-    dist.init_process_group("gloo")
+    # torch's process group from the MPI ranks' own variables (env://)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR=os.environ["PG_MASTER"],
+                      MASTER_PORT=str(int(os.environ["PG_PORT"]) + attempt))
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "eth0")
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+dist.all_reduce(torch.ones(1))
+mark("computing-%d-%d" % (attempt, rank), time.time())  # the job computes again
+if "OMPI_COMM_WORLD_RANK" not in os.environ:
     world, collective = dist.get_world_size(), lambda: dist.all_reduce(torch.ones(1))
 crash = os.environ.get("CRASH") == "1" and attempt == 0 and rank == world - 1
 for step in range(3):
     collective()
     if crash and step == 1:
         time.sleep(max(0.0, first_line + float(os.environ["CRASH_AFTER_S"]) - time.time()))
+        # A warm restart's crash waits for every host's standby to be parked
+        # (the bench's driver writes standby-warm), WARM_WAIT_S at most.
+        wait_s = float(os.environ.get("WARM_WAIT_S") or 0)
+        until = time.time() + wait_s
+        while wait_s and time.time() < until and not os.path.exists(
+                os.path.join(marks, "standby-warm")):
+            time.sleep(0.05)
         mark("failed-at", time.time())
         os._exit(3)
-if "OMPI_COMM_WORLD_RANK" not in os.environ:
-    dist.destroy_process_group()  # gloo may abort (SIGABRT) at an exit without it
+dist.destroy_process_group()  # gloo may abort (SIGABRT) at an exit without it
 """
 
 
@@ -117,7 +150,9 @@ def clean(job):
     for host in job.hosts:
         paths = JobPaths(job.roots[host])
         leftovers = glob.glob(os.path.join(paths.model_dir, "first-*"))
+        leftovers += glob.glob(os.path.join(paths.model_dir, "computing-*"))
         leftovers += [os.path.join(paths.model_dir, "failed-at"), paths.attempts_file,
+                      os.path.join(paths.model_dir, "standby-warm"),
                       os.path.join(paths.checkpoints_dir, ATTEMPTS_RECORD_NAME),
                       paths.resilience_file, paths.status_file, paths.failure_file,
                       paths.success_file]
@@ -128,18 +163,66 @@ def clean(job):
                 pass
 
 
-def marks(job):
-    """({attempt: {rank: first line}}, failed-at or None) from every host's model/."""
+def marks(job, kind="first"):
+    """({attempt: {rank: time}}, failed-at or None) from every host's model/:
+    `kind` "first", each rank's first line; "computing", each rank's moment
+    after its process group's start and one all_reduce."""
     firsts, failed_at = {}, None
     for host in job.hosts:
         model = JobPaths(job.roots[host]).model_dir
-        for path in glob.glob(os.path.join(model, "first-*")):
+        for path in glob.glob(os.path.join(model, kind + "-*")):
             _, attempt, rank = os.path.basename(path).split("-")
             firsts.setdefault(int(attempt), {})[int(rank)] = float(common.read_text(path))
         text = common.read_text(os.path.join(model, "failed-at"))
         if text:
             failed_at = float(text)
     return firsts, failed_at
+
+
+def standbys_parked(job, runner):
+    """Whether every host's warm standby is parked, its start done: under
+    MPI, a live rank wrapper's pid file in every host's standby dir; under
+    torchrun, on every host a launcher started as a standby that blocks
+    reading its gate (its torch import done)."""
+    if runner == "mpi":
+        for host in job.hosts:
+            pids = []
+            for path in glob.glob(os.path.join(JobPaths(job.roots[host]).standby_dir,
+                                               "*.pid")):
+                try:
+                    pids.append(int(common.read_text(path).split()[0]))
+                except (TypeError, ValueError, IndexError):
+                    continue
+            if not any(os.path.exists("/proc/%d" % pid) for pid in pids):
+                return False
+        return True
+    ready = set()
+    for pid, cmdline in job.job_processes():
+        if "torchrun_launcher" not in cmdline:
+            continue
+        try:
+            with open("/proc/%d/environ" % pid, "rb") as f:
+                if b"\0TRAINING_TOOLKIT_STANDBY_FIFO=" not in b"\0" + f.read():
+                    continue
+            with open("/proc/%d/wchan" % pid) as f:
+                if "pipe_read" not in f.read():
+                    continue
+            ready.add(os.stat("/proc/%d/ns/net" % pid).st_ino)
+        except OSError:
+            continue
+    return len(ready) == len(job.hosts)
+
+
+def watch_standbys(job, runner, started, stop, seen):
+    """Until `stop` is set: once every host's standby is parked, seen["at"]
+    (seconds after `started`) and the crashing host's standby-warm file."""
+    while not stop.wait(0.5):
+        if standbys_parked(job, runner):
+            seen["at"] = time.time() - started
+            with open(os.path.join(JobPaths(job.roots[job.hosts[-1]]).model_dir,
+                                   "standby-warm"), "w") as f:
+                f.write(repr(time.time()))
+            return
 
 
 def kill_leftovers(job):
@@ -158,29 +241,51 @@ def resilience_of(job, host):
         return []
 
 
-def run_train(job, world, args, crash):
+def run_train(job, world, args, crash, runner=None, warm=True, port=29700):
     """One `train` run on every host of `job`, TRAINING_TOOLKIT_RESTARTS=1 and
-    no backoff; the crash on attempt 0 with `crash`, --crash-after into it. Its record: the cold
-    start (train's start -> attempt 0's last first line), with `crash` the
-    restart (the crash -> attempt 1's last first line) and the master's
-    resilience.json figures; "error" where the run went wrong."""
+    no backoff; the crash on attempt 0 with `crash`, --crash-after into it
+    and, with `warm`, once every host's standby is parked (--warm-wait at
+    most); `warm` False: TRAINING_TOOLKIT_WARM_RESTARTS=0. Its record: the
+    cold start (train's start -> attempt 0's last first line, and its last
+    rank computing), with `crash` the restart (the crash -> attempt 1's last
+    first line, and its last rank computing), whether attempt 1 started warm
+    and the master's resilience.json figures; "error" where the run went wrong."""
+    import threading
+
     clean(job)
     extra = dict(TRAINING_TOOLKIT_RESTARTS=1, TRAINING_TOOLKIT_RESTART_BACKOFF_S=0,
                  SM_TERMINATION_GRACE_SECONDS=10, CRASH_AFTER_S=args.crash_after,
+                 PG_MASTER=job.hosts[0], PG_PORT=port,
                  **({"CRASH": 1} if crash else {}))
+    if not warm:
+        extra["TRAINING_TOOLKIT_WARM_RESTARTS"] = 0
+    elif crash and runner is not None and args.warm_wait > 0:
+        extra["WARM_WAIT_S"] = args.warm_wait
     record = {"load_1min": round(os.getloadavg()[0], 2)}
+    stop, seen = threading.Event(), {}
     started = time.time()
     job.start(**extra)
+    watcher = None
+    if "WARM_WAIT_S" in extra:
+        watcher = threading.Thread(target=watch_standbys, args=(job, runner, started, stop, seen),
+                                   daemon=True)
+        watcher.start()
     try:
         job.wait(timeout=args.timeout)
     except AssertionError as e:
         record["error"] = "timed out after %g s: %s" % (args.timeout, str(e)[:2000])
         record["killed"] = kill_leftovers(job)
         return record
+    finally:
+        stop.set()
+        if watcher is not None:
+            watcher.join()
     record["codes"] = job.codes()
     firsts, failed_at = marks(job)
-    if set(record["codes"].values()) != {0} or len(firsts.get(1 if crash else 0, {})) != world \
-            or (crash and failed_at is None):
+    computing, _ = marks(job, "computing")
+    attempt = 1 if crash else 0
+    if set(record["codes"].values()) != {0} or len(firsts.get(attempt, {})) != world \
+            or len(computing.get(attempt, {})) != world or (crash and failed_at is None):
         record["error"] = "exit codes %s, first lines per attempt %s, failed-at %s; stderr:\n%s" % (
             record["codes"], {a: sorted(r) for a, r in firsts.items()}, failed_at,
             "\n".join("--- %s ---\n%s" % (h, r.err.decode("utf-8", "replace")[-1500:])
@@ -188,10 +293,19 @@ def run_train(job, world, args, crash):
         return record
     if len(firsts.get(0, {})) == world:
         record["cold_s"] = max(firsts[0].values()) - started
+    if len(computing.get(0, {})) == world:
+        record["cold_compute_s"] = max(computing[0].values()) - started
     if crash:
         record["restart_s"] = max(firsts[1].values()) - failed_at
+        record["compute_s"] = max(computing[1].values()) - failed_at
+        record["crash_s"] = failed_at - max(firsts[0].values())  # into attempt 0
+        if "at" in seen:
+            record["standby_parked_s"] = seen["at"]  # train's start -> every standby parked
+        elif "WARM_WAIT_S" in extra:
+            record["standby_not_parked"] = True
         every = [resilience_of(job, host) for host in job.hosts]
         if all(len(attempts) >= 2 for attempts in every):
+            record["warm_start"] = every[0][1].get("warm_start")
             record["resilience"] = {
                 "restart_s": every[0][1].get("restart_s"),
                 "detection_s": every[0][0].get("detection_s"),
@@ -305,20 +419,39 @@ def contender(fn, records):
 def bench_multi_host(root, runner, n, args, results):
     print("\n## %s, %d hosts x 1 rank (load average %.2f %.2f %.2f)"
           % ((runner, n) + os.getloadavg()), flush=True)
-    records = {RESTART: [], COLD: []}
+    baseline = BASELINES[args.baseline]
+    ours = WARM if baseline == COLD_RESTART else RESTART
+    records = {ours: [], baseline: []}
+    port = [29700]
+
+    def run(crash, warm=True):
+        port[0] = 29700 + (port[0] - 29700 + 2) % 200  # a fresh port each run (no TIME_WAIT)
+        return run_train(job, n, args, crash, runner=runner, warm=warm, port=port[0])
+
     with cluster_job(os.path.join(root, "%s-%d" % (runner, n)), runner, n) as job:
-        common.alternate({
-            RESTART: contender(lambda: run_train(job, n, args, True), records[RESTART]),
-            COLD: contender(lambda: run_train(job, n, args, False), records[COLD])},
-            args.runs, warmup=0)
+        contenders = {ours: contender(lambda: run(True), records[ours])}
+        if baseline == COLD_RESTART:
+            contenders[baseline] = contender(lambda: run(True, warm=False), records[baseline])
+        else:
+            contenders[baseline] = contender(lambda: run(False), records[baseline])
+        common.alternate(contenders, args.runs, warmup=0)
     results.append({"case": "%s, %d hosts x 1 rank" % (runner, n), "runner": runner,
-                    "hosts": n, "records": records})
+                    "hosts": n, "baseline": baseline, "records": records})
     print_multi_host(results[-1:])
     print_stages(results[-1:])
     print("load average at the end: %.2f %.2f %.2f" % os.getloadavg(), flush=True)
 
 
 def print_multi_host(results):
+    against_start = [r for r in results if r.get("baseline", COLD) == COLD]
+    if against_start:
+        print_against_cold_start(against_start)
+    against_restart = [r for r in results if r.get("baseline") == COLD_RESTART]
+    if against_restart:
+        print_against_cold_restart(against_restart)
+
+
+def print_against_cold_start(results):
     rows = []
     for result in results:
         restart, cold = result["records"][RESTART], result["records"][COLD]
@@ -332,20 +465,72 @@ def print_multi_host(results):
                   "paired ratio", "target <= %.1f" % RATIO_TARGET], rows)
 
 
-def print_stages(results):
-    """Where `train`'s restarts went, and resilience.json's own figures."""
+def saving(warm, cold, key):
+    """(median cold - median warm, that / median cold, median of the
+    paired differences) of `key`; NaNs where a side has no run."""
+    xs, ys = seconds(warm, key), seconds(cold, key)
+    if not xs or not ys:
+        return math.nan, math.nan, math.nan
+    saved = common.median(ys) - common.median(xs)
+    pairs = [c[key] - w[key] for w, c in zip(warm, cold) if key in w and key in c]
+    return saved, saved / common.median(ys), common.median(pairs) if pairs else math.nan
+
+
+def print_against_cold_restart(results):
+    """Warm restart against cold restart, both figures; then the rule's
+    verdict on the standby at the largest host count of each runner."""
     rows = []
     for result in results:
-        restart = result["records"].get(RESTART) or result["records"][ONE_TRAIN]
-        rows.append([result["case"], spread(seconds(restart, "stages", "attempt_ended")),
-                     spread(seconds(restart, "stages", "run_started")),
-                     spread(seconds(restart, "restart_s")),
-                     spread(seconds(restart, "resilience", "restart_s")),
-                     spread(seconds(restart, "resilience", "detection_s")),
-                     spread(seconds(restart, "cold_s"))])
+        warm, cold = result["records"][WARM], result["records"][COLD_RESTART]
+        row = [result["runner"], result["hosts"], "%s / %s" % (runs_cell(warm), runs_cell(cold))]
+        for key in ("restart_s", "compute_s"):
+            saved, fraction, paired = saving(warm, cold, key)
+            row += [spread(seconds(warm, key)), spread(seconds(cold, key)),
+                    "%.2f s (%.0f %%; paired %.2f s)" % (saved, 100 * fraction, paired)]
+        row += ["%d of %d / %d of %d" % (
+            sum(r.get("warm_start") is True for r in warm), len(warm),
+            sum(r.get("warm_start") is True for r in cold), len(cold)),
+            spread(seconds(warm, "crash_s")), spread(seconds(warm, "standby_parked_s"))]
+        rows.append(row)
+    common.table(["runner", "hosts", "runs (warm / cold)",
+                  "warm: crash -> every rank's first line", "cold: same", "saving",
+                  "warm: crash -> every rank computing (gloo init + all_reduce)", "cold: same",
+                  "saving", "started warm (warm / cold runs)", "warm runs: crash, s into attempt 0",
+                  "warm runs: train's start -> every standby parked"], rows)
+    for result in results:  # the rule reads 8 hosts (else the largest count run)
+        counts = [r["hosts"] for r in results if r["runner"] == result["runner"]]
+        if result["hosts"] != (8 if 8 in counts else max(counts)):
+            continue
+        saved, fraction, _ = saving(result["records"][WARM], result["records"][COLD_RESTART],
+                                    "compute_s")
+        keep = saved >= KEEP_SAVING_S and fraction >= KEEP_SAVING_FRACTION
+        print("%s, %d hosts: the standby saves %.2f s per restart (crash -> every rank "
+              "computing), %.0f %% of the cold restart: %s (>= %.0f s and >= a third)"
+              % (result["runner"], result["hosts"], saved, 100 * fraction,
+                 "it stays" if keep else "it goes", KEEP_SAVING_S), flush=True)
+
+
+def print_stages(results):
+    """Where `train`'s restarts went, and resilience.json's own figures: a
+    row for each contender that restarted."""
+    rows = []
+    for result in results:
+        for name in (RESTART, WARM, COLD_RESTART, ONE_TRAIN):
+            restart = result["records"].get(name)
+            if restart is None:
+                continue
+            rows.append(["%s: %s" % (result["case"], name),
+                         spread(seconds(restart, "stages", "attempt_ended")),
+                         spread(seconds(restart, "stages", "run_started")),
+                         spread(seconds(restart, "restart_s")),
+                         spread(seconds(restart, "compute_s")),
+                         spread(seconds(restart, "resilience", "restart_s")),
+                         spread(seconds(restart, "resilience", "detection_s")),
+                         spread(seconds(restart, "cold_s"))])
     common.table(["train, restarted", "crash -> last host's attempt ended",
                   "-> last host's next run phase", "-> every rank's first line (restart)",
-                  "resilience.json restart_s (master)", "detection_s (master)",
+                  "-> every rank computing", "resilience.json restart_s (master)",
+                  "detection_s (master)",
                   "same runs, attempt 0: train -> every rank's first line"], rows)
 
 
@@ -392,9 +577,18 @@ def parse(argv=None):
                    help="the one-node torchrun's rendezvous: --standalone with a store per "
                         "attempt, or static (--master_port), the plain line (default "
                         "%(default)s)")
-    p.add_argument("--crash-after", type=float, default=30.0,
-                   help="seconds after its first line at which the crashing rank fails "
+    p.add_argument("--crash-after", type=float, default=15.0,
+                   help="seconds after its first line at which the crashing rank fails, "
+                        "at the earliest: a warm restart's crash also waits until every "
+                        "host's standby is parked, --warm-wait at most (default %(default)s)")
+    p.add_argument("--warm-wait", type=float, default=60.0,
+                   help="seconds past --crash-after that a warm restart's crash waits for "
+                        "every host's standby to be parked; 0: it does not wait "
                         "(default %(default)s)")
+    p.add_argument("--baseline", choices=sorted(BASELINES), default="cold-restart",
+                   help="what the multi-host case's restart is set against: the same crash "
+                        "with TRAINING_TOOLKIT_WARM_RESTARTS=0 (cold-restart), or the job's "
+                        "cold start without the crash (cold-start) (default %(default)s)")
     p.add_argument("--json", metavar="PATH", help="also write every run's record to PATH")
     args = p.parse_args(argv)
     try:
@@ -409,8 +603,9 @@ def parse(argv=None):
     args.cases = args.cases.split(",")
     if not set(args.cases) <= set(CASES):
         p.error("--cases: any of %s, not %r" % (", ".join(CASES), ",".join(args.cases)))
-    if args.runs < 1 or args.timeout <= 0 or args.crash_after < 0:
-        p.error("--runs must be at least 1, --timeout over 0 and --crash-after at least 0")
+    if args.runs < 1 or args.timeout <= 0 or args.crash_after < 0 or args.warm_wait < 0:
+        p.error("--runs must be at least 1, --timeout over 0, --crash-after and "
+                "--warm-wait at least 0")
     return args
 
 
