@@ -179,3 +179,34 @@ def test_mpi_fail_fast_kills_ranks_ignoring_sigterm_after_the_abort_grace(tmp_pa
             assert "rank 0 on algo-1" in failure[0] and failure[1] == "exit code: 3", failure[:3]
         assert job.job_processes() == []
         print("rank 1 gone %.2f s after rank 0 failed" % elapsed)
+
+
+STOP_WHILE_FAILING = """
+import os, signal, sys
+from training_toolkit import context, trainer
+from training_toolkit.job.paths import JobPaths
+from training_toolkit.supervise import Supervisor, Terminated
+job = context.JobContext(JobPaths(sys.argv[1]), None, Supervisor())
+trainer._install_signal_handlers(job)
+job.failing = sys.argv[2] == "failing"
+try:
+    os.kill(os.getpid(), signal.SIGTERM)  # nothing runs: the supervisor has nothing to stop
+    print("verdict kept")
+except Terminated:
+    print("ended by the stop")
+"""
+
+
+def test_a_stop_while_the_failure_is_written_keeps_the_verdict(tmp_path):
+    # An orchestrator stops the other pods once the launcher ends: the stop
+    # can reach a worker's `train` while it writes its failure (a rank's exit
+    # code). It must not end `train` there (a traceback and exit 1 instead of
+    # the rank's code); before the verdict, it still ends `train`.
+    import subprocess
+    import sys
+
+    for state, said in (("failing", "verdict kept"), ("running", "ended by the stop")):
+        out = subprocess.run([sys.executable, "-c", STOP_WHILE_FAILING, str(tmp_path), state],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split("\n")[0] == said, (state, out.stdout, out.stderr)

@@ -10,16 +10,19 @@ reads it: the runners get the reporter they record through as an argument.
 class JobContext:
     """paths (job.paths.JobPaths), reporter (report.Reporter), supervisor
     (supervise.Supervisor), sync (the intermediate-output sync, when one
-    runs), checkpoints (resilience.checkpoints.Checkpoints, once open) and
-    stop_signal_at (monotonic time of the first stop signal).
+    runs), checkpoints (resilience.checkpoints.Checkpoints, once open),
+    stop_signal_at (monotonic time of the first stop signal) and failing
+    (the failure verdict is being written: a stop then only shortens it).
     A plain class: dataclasses would import inspect on every job's start."""
 
-    __slots__ = ("paths", "reporter", "supervisor", "sync", "stop_signal_at", "checkpoints")
+    __slots__ = ("paths", "reporter", "supervisor", "sync", "stop_signal_at", "checkpoints",
+                 "failing")
 
     def __init__(self, paths, reporter, supervisor, sync=None, stop_signal_at=None):
         self.paths, self.reporter, self.supervisor = paths, reporter, supervisor
         self.sync, self.stop_signal_at = sync, stop_signal_at
         self.checkpoints = None
+        self.failing = False
 
 
 _active = None

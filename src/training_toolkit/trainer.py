@@ -2,13 +2,15 @@
 
 Reads the job, runs the framework hook or the default flow, and ends with an
 honest verdict: `success` or `failure`, `status.json`, and the exit code.
+Its length (over 450 lines) is the checkpoint wing's lifecycle (open, the
+stop notice, the requeue code), kept here until that wing owns it.
 """
 import os
 import signal
 import sys
 import time
 
-from . import context, log, params, pipeline, proctree, settings
+from . import context, import_alias, log, params, pipeline, proctree, settings
 from .errors import (CheckpointNotDurableError, ClientError, ConfigError, FrameworkError,
                      InternalError, OutputNotDurableError, OutputWriteError, ToolkitError,
                      UsageError)
@@ -57,7 +59,8 @@ def _install_signal_handlers(job):
                    if supervisor.reserve_seconds else "")
         log.info("received %s: stopping the job (each rank's main process now, SIGKILL after "
                  "%gs%s)" % (signal.Signals(signum).name, supervisor.grace_seconds, reserve))
-        if not supervisor.terminate() and not supervisor.terminating:
+        # Nothing to stop: end here, unless the failure is being written (it stands).
+        if not supervisor.terminate() and not supervisor.terminating and not job.failing:
             supervisor.terminating = True
             raise Terminated(signum)
 
@@ -174,12 +177,9 @@ def checkpoint_hosts(env):
 
 
 def call_framework_hook(spec):
-    """SAGEMAKER_TRAINING_MODULE=pkg.module:function -> import and call it,
-    with `sagemaker_training` first made this package's name (the DLCs' hooks
-    import it)."""
+    """SAGEMAKER_TRAINING_MODULE=pkg.module:function -> import and call it, once
+    `sagemaker_training` is this package's name (the DLCs' hooks import it)."""
     import importlib
-
-    from . import import_alias
 
     import_alias.install()
     module_name, _, function_name = spec.partition(":")
@@ -421,6 +421,7 @@ def _succeed(job):
 
 
 def _fail(job, error):
+    job.failing = True
     _drain_syncs(job)
     checkpoints = job.checkpoints
     if checkpoints is not None:
