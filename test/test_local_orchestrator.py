@@ -14,7 +14,7 @@ The job's script (SCRIPT) writes what it saw (SM_HOSTS, SM_CURRENT_HOST,
 SM_CURRENT_HOST_RANK, RANK, WORLD_SIZE, ...) into the code dir, which every
 host sees (the shared volume), and exits with the code `fail.json` names for
 its host (Batch hosts, named by address: "node-index=I" names node I), or
-sleeps ("sleep"), or waits for the other hosts' train to end first
+sleeps ("sleep"), or waits for the other hosts' scripts to end first
 ("after-the-others").
 """
 import ipaddress
@@ -263,7 +263,8 @@ todo = fail.get(socket.gethostname(),
                 fail.get("node-index=%s" % os.environ.get("AWS_BATCH_JOB_NODE_INDEX"), 0))
 if todo == "sleep":
     time.sleep(600)
-if todo == "after-the-others":  # until every other host's script and train have ended
+if todo == "after-the-others":  # until every other host's script has ended (their train
+    # waits for the job's verdict, which this host's exit gives)
     job = os.path.join(os.path.dirname(here), "job")
     others = [h for h in os.listdir(job) if os.path.isdir(os.path.join(job, h))
               and h != socket.gethostname()]
@@ -272,7 +273,7 @@ if todo == "after-the-others":  # until every other host's script and train have
         seen = [json.load(open(p)) for h in others
                 for p in glob.glob(os.path.join(here, "seen", h + "-*.json"))]
         if len({s["hostname"] for s in seen}) == len(others) and not any(
-                running(s["pid"]) or any(map(running, s["pod_pids"])) for s in seen):
+                running(s["pid"]) for s in seen):
             break
         time.sleep(0.05)
     todo = 0
