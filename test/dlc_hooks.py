@@ -21,6 +21,8 @@ import tarfile
 
 import pytest
 
+from jobs import Job
+
 
 def clients_dir():
     return os.environ.get("TRAINING_TOOLKIT_CLIENTS_DIR") or os.path.expanduser(
@@ -105,3 +107,25 @@ def assert_one_rank_on_each_of_two_hosts(job, **also):
     status = json.loads(job.read("algo-1", "output", "status.json"))
     assert status["runner"] == "mpi" and status["exit_code"] == 0
     assert status["command"].startswith("mpirun --host algo-1:1,algo-2:1 -np 2 ")
+
+
+# A user's script that fails as they do: a line on stdout, the error on
+# stderr, exit 3.
+FAILS = """
+import sys
+print("about to fail", flush=True)
+print("ValueError: the data in channel train is empty", file=sys.stderr)
+sys.exit(3)
+"""
+
+
+def one_process_job(tmp_path, script, hyperparameters, timeout, unset=(), **env):
+    """`train` on one host with `env` added (the hook and its PYTHONPATH)
+    and `unset` taken out; the job, its exit code and its stderr."""
+    job = Job(tmp_path, {"train.py": script}, hyperparameters=hyperparameters)
+    environ = job.env(**env)
+    for name in unset:
+        environ.pop(name, None)
+    assert_no_reference_toolkit(environ["PYTHONPATH"])
+    proc = job.run(timeout=timeout, env=environ)
+    return job, proc.returncode, proc.stderr.decode("utf-8", "replace")

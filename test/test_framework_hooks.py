@@ -28,7 +28,7 @@ import shutil
 import pytest
 
 from cluster_jobs import ClusterJob, require_cluster
-from dlc_hooks import (assert_imports_reference, assert_no_reference_toolkit,
+from dlc_hooks import (FAILS, assert_imports_reference, assert_no_reference_toolkit,
                        assert_one_rank_on_each_of_two_hosts, extract_package, require_client)
 
 torch = pytest.importorskip("torch")
@@ -110,13 +110,6 @@ with open(os.path.join(os.environ["SM_MODEL_DIR"], "rank-%%d.json" %% rank), "w"
                "hook_env": {k: os.environ.get(k) for k in %r}}, f)
 dist.destroy_process_group()
 """ % (HOOK_ENV,)
-
-FAILS = """
-import sys
-print("about to fail", flush=True)
-print("ValueError: the data in channel train is empty", file=sys.stderr)
-sys.exit(3)
-"""
 
 
 def run_hook(tmp_path, hook_dir, script, hyperparameters, hosts=1):

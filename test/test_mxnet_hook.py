@@ -25,9 +25,8 @@ import os
 
 import pytest
 
-from dlc_hooks import (assert_imports_reference, assert_no_reference_toolkit,
-                       extract_package, require_client)
-from jobs import Job
+from dlc_hooks import (FAILS, assert_imports_reference, extract_package, one_process_job,
+                       require_client)
 
 HOOK = "sagemaker_mxnet_container.training:main"
 CLIENT = "sagemaker-mxnet-training==4.3.0"
@@ -57,22 +56,12 @@ with open(os.path.join(os.environ["SM_MODEL_DIR"], "report.json"), "w") as f:
                "mxnet": "mxnet" in sys.modules}, f)
 """
 
-FAILS = """
-import sys
-print("about to fail", flush=True)
-print("ValueError: the data in channel train is empty", file=sys.stderr)
-sys.exit(3)
-"""
-
 HPS = {"epochs": 3, "lr": 0.5, "name": "resnet", "flag": True}
 
 
 def run_hook(tmp_path, hook_dir, script, hyperparameters):
-    job = Job(tmp_path, {"train.py": script}, hyperparameters=hyperparameters)
-    env = job.env(SAGEMAKER_TRAINING_MODULE=HOOK, PYTHONPATH=hook_dir)
-    assert_no_reference_toolkit(env["PYTHONPATH"])
-    proc = job.run(timeout=TIMEOUT, env=env)
-    return job, proc.returncode, proc.stderr.decode("utf-8", "replace")
+    return one_process_job(tmp_path, script, hyperparameters, TIMEOUT,
+                           SAGEMAKER_TRAINING_MODULE=HOOK, PYTHONPATH=hook_dir)
 
 
 def test_one_process_job_gets_its_hyperparameters_as_argv(tmp_path, hook_dir):

@@ -48,9 +48,9 @@ import textwrap
 import pytest
 
 from cluster_jobs import ClusterJob, require_cluster
-from dlc_hooks import (assert_imports_reference, assert_no_reference_toolkit,
+import dlc_hooks
+from dlc_hooks import (FAILS, assert_imports_reference, assert_no_reference_toolkit,
                        assert_one_rank_on_each_of_two_hosts, extract_package, require_client)
-from jobs import Job
 
 HOOK = "sagemaker_tensorflow_container.training:main"
 # 20.4.1: what the TF DLC's lock pins; 20.5.0: the newest release.
@@ -104,13 +104,6 @@ with open(os.path.join(os.environ["SM_MODEL_DIR"], "report.json"), "w") as f:
                "host": os.environ.get("SM_CURRENT_HOST")}, f)
 """
 
-FAILS = """
-import sys
-print("about to fail", flush=True)
-print("ValueError: the data in channel train is empty", file=sys.stderr)
-sys.exit(3)
-"""
-
 MPI_RANKS = """
 import json, os, socket, sys
 from mpi4py import MPI
@@ -134,14 +127,12 @@ ARGV = ["--epochs", "3", "--flag", "True", "-k", "7", "--layers", "a=1,b=2",
 
 def one_process_job(tmp_path, hook_dir, script, hyperparameters, region=REGION,
                     tensorflow=True, **extra_env):
-    job = Job(tmp_path, {"train.py": script}, hyperparameters=hyperparameters)
-    env = job.env(**hook_env(hook_dir, tensorflow), **extra_env)
-    assert_no_reference_toolkit(env["PYTHONPATH"])
-    env.pop("SAGEMAKER_REGION", None)
+    env = dict(hook_env(hook_dir, tensorflow), **extra_env)
     if region is not None:
         env["SAGEMAKER_REGION"] = region
-    proc = job.run(timeout=TIMEOUT, env=env)
-    return job, proc.returncode, proc.stderr.decode("utf-8", "replace")
+    return dlc_hooks.one_process_job(tmp_path, script, hyperparameters, TIMEOUT,
+                                     unset=() if region is not None else ("SAGEMAKER_REGION",),
+                                     **env)
 
 
 def test_one_process_job_gets_its_hyperparameters_as_argv(tmp_path, hook_dir):
