@@ -1,7 +1,8 @@
 """Intermediate output: files under ``output/intermediate/`` reach S3 while the
 job runs, and nothing written there is lost at the end. The drop-in face of
 ``sagemaker_training.intermediate_output``; the work is done by the
-`training_toolkit.s3sync` package (watch, uploads, verify, sync), which serves the checkpoints too.
+`training_toolkit.s3sync` package (watch, uploads, verify, sync), which
+serves the checkpoints too.
 
 When the hyperparameter ``sagemaker_s3_output`` is ``s3://bucket/prefix``,
 every file under ``output/intermediate/`` is uploaded to
@@ -22,10 +23,10 @@ only when ``sagemaker_s3_output`` is set (or a hook calls ``start_sync``).
 import os
 
 from . import context, params
-from .s3sync.sync import (DRAIN_ENV, LOG_EVERY_S, STOP_EXTRA_S, Sync,
-                                destination, drain_seconds, job_name)
+from .s3sync.sync import (DRAIN_ENV, LOG_EVERY_S, STOP_EXTRA_S, Sync, destination,
+                          drain_seconds, job_name)
 from .s3sync.uploads import (CHANGED, CONCURRENCY, FIRST_BACKOFF_S, MAX_ATTEMPTS,
-                                   MAX_BACKOFF_S, REQUEST_ATTEMPTS)
+                             MAX_BACKOFF_S, REQUEST_ATTEMPTS)
 from .s3sync.verify import MULTIPART_CHUNKSIZE, MULTIPART_THRESHOLD, expected_etag
 from .s3sync.watch import REFERENCE_TMP_DIR, RESCAN_S, SETTLE_S
 

@@ -28,17 +28,17 @@ def _job_tree(paths):
     and framework hyperparameters (sagemaker_*), and the checkpoint dir of
     checkpointconfig.json."""
     found = []
-    for path, source in ((paths.hyperparameters_file, "hyperparameter"),):
-        try:
-            with open(path) as f:
-                hps = json.load(f)
-        except (OSError, ValueError):
-            continue
-        if isinstance(hps, dict):
-            for key in sorted(hps):
-                if key in params.RESERVED or key.startswith(params.SAGEMAKER_PREFIX):
-                    found.append((key, params.decode_value(hps[key]),
-                                  "%s (%s)" % (source, os.path.relpath(path, paths.base))))
+    path = paths.hyperparameters_file
+    try:
+        with open(path) as f:
+            hps = json.load(f)
+    except (OSError, ValueError):
+        hps = None
+    if isinstance(hps, dict):
+        for key in sorted(hps):
+            if key in params.RESERVED or key.startswith(params.SAGEMAKER_PREFIX):
+                found.append((key, params.decode_value(hps[key]),
+                              "hyperparameter (%s)" % os.path.relpath(path, paths.base)))
     try:
         with open(paths.checkpoint_config_file) as f:
             local = (json.load(f) or {}).get("LocalPath")
