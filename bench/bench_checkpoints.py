@@ -97,10 +97,13 @@ _run_ids = iter(range(1, 10**6))
 # stored: by PutObject (its put_object returns), or by CompleteMultipartUpload
 # (once the whole call returns; the put_object it makes inside is not logged).
 RECORDING_SERVER = """\
-import sys, threading, time
+import os, sys, threading, time
 import moto.s3.models as models
 log = open(sys.argv.pop(1), "a", buffering=1)
 inside = threading.local()
+# moto assembles a multipart object in memory (twice over): one at a time
+# where many hosts finish 1 GB parts at once (--serialize-completes).
+one_at_a_time = threading.Lock() if os.environ.get("BENCH_SERIAL_COMPLETES") else None
 put_object = models.S3Backend.put_object
 complete = models.S3Backend.complete_multipart_upload
 def recorded_put(self, bucket_name, key_name, *args, **kwargs):
@@ -112,7 +115,11 @@ def recorded_complete(self, bucket_name, multipart_id, body):
     key_name = self.get_bucket(bucket_name).multiparts[multipart_id].key_name
     inside.complete = True
     try:
-        key = complete(self, bucket_name, multipart_id, body)
+        if one_at_a_time is None:
+            key = complete(self, bucket_name, multipart_id, body)
+        else:
+            with one_at_a_time:
+                key = complete(self, bucket_name, multipart_id, body)
     finally:
         inside.complete = False
     if key is not None:
@@ -734,8 +741,12 @@ def scenario_commit(args, server, client):
     for spec in args.commit_cases.split(","):
         hosts, _, mb = spec.partition("x")
         hosts, size = int(hosts), int(float(mb.rstrip("MB")) * 10**6)
-        steps = args.commit_steps if size < 10**8 else max(2, args.commit_steps // 4)
-        lat, floor = commit_run(server, hosts, steps, size)
+        steps = args.commit_steps if size < 10**8 else max(1, args.commit_steps // 4)
+        lat, floor = [], []
+        for _ in range(args.commit_runs):
+            one = commit_run(server, hosts, steps, size)
+            lat += one[0]
+            floor += one[1]
         over = [a - b for a, b in zip(lat, floor)]
         rows.append(["%d hosts x %g MB" % (hosts, size / 1e6), len(lat),
                      "%.3f s" % common.median(lat), "**%.3f s**" % pct(lat, 0.95),
@@ -843,8 +854,13 @@ def main():
     p.add_argument("--commit-cases", default="2x10MB,16x10MB,2x1000MB",
                    help="HOSTSxSIZE per host of the commit latency (default 2x10MB,16x10MB,"
                    "2x1000MB)")
-    p.add_argument("--commit-steps", type=int, default=20, help="steps per commit case "
-                   "(default 20; a quarter of it, at least 2, at 100 MB and more)")
+    p.add_argument("--commit-steps", type=int, default=20, help="steps per commit job "
+                   "(default 20; a quarter of it, at least 1, at 100 MB and more)")
+    p.add_argument("--commit-runs", type=int, default=1, help="jobs per commit case, one "
+                   "after the other, each on fresh hosts and a fresh prefix (default 1)")
+    p.add_argument("--serialize-completes", action="store_true", help="moto assembles one "
+                   "multipart upload at a time (it holds each in memory twice over): for "
+                   "16 x 1 GB on a machine of 24 GiB")
     p.add_argument("--share-hosts", type=int, default=16, help="hosts of the restore share "
                    "(default 16)")
     p.add_argument("--share-mb", type=int, default=64, help="MB per host (default 64)")
@@ -856,6 +872,8 @@ def main():
     print("%d CPUs; moto %s; train from %s" % (os.cpu_count(), __import__("moto").__version__,
                                                 args.ours_venv), flush=True)
     t0 = time.time()
+    if args.serialize_completes:
+        os.environ["BENCH_SERIAL_COMPLETES"] = "1"
     server = CheckpointServer()
     ENDPOINT[0] = server.url
     try:

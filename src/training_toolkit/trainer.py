@@ -144,17 +144,18 @@ def _open_checkpoints(job, env):
     os.environ[params.CHECKPOINT_DIR_ENV] = settings.local_dir
     os.environ[params.CHECKPOINT_RESUME_ENV] = job.paths.checkpoint_resume_file
     hosts = checkpoint_hosts(env)
-    agree = None
+    agree = link = None
     if len(hosts) > 1 and settings.mode == "sync":
         import functools
 
-        from .cluster import checkpoint_plan, control
+        from .cluster import checkpoint_plan, control, wing_reports
 
         agree = functools.partial(checkpoint_plan.agree, hosts, env.current_host,
                                   control.control_port(os.environ), control.job_key_for(env))
+        link = wing_reports.JOB
     wing = checkpoints.Checkpoints(settings, os.environ.get(params.S3_ENDPOINT_ENV) or None,
                                    env.region, env.current_host, hosts, agree,
-                                   job.paths.checkpoint_resume_file)
+                                   job.paths.checkpoint_resume_file, link)
     job.checkpoints = wing
     import contextlib
 

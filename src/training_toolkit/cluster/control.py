@@ -38,6 +38,7 @@ import threading
 import time
 
 from .. import backoff, log, params
+from . import wing_reports
 from .verdict import Ledger
 from .wire import TO_MASTER, TO_WORKER, Rejected, Stream, authenticate, nonce, parse, valid
 # `control.X` still names the wire's parts that peers are made of (the tests
@@ -306,6 +307,10 @@ class MasterControl(Ledger, Listening):
             self.rule_events.extend(e for e in message["events"][:100] if isinstance(e, dict))
         elif kind == "stacks":
             self.stacks_of(message["host"], message["ranks"])
+        else:
+            listener = wing_reports.JOB.listener(kind)
+            if listener is not None:
+                listener(message)
 
     def wait_for_workers(self, deadline):
         """Wait until every worker said hello; returns the hosts still missing."""
@@ -390,10 +395,12 @@ class WorkerLink:
         return None
 
     def send(self, message):
+        """Whether `message` went out (False: the link is gone)."""
         try:
             self.stream.send(message)
+            return True
         except OSError:
-            pass
+            return False
 
     def receive(self):
         """The next authentic message from the master, or None when the link

@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 
-from . import control, wire
+from . import control, wing_reports, wire
 from .. import log
 from ..errors import ClusterError
 from ..supervise import Outcome
@@ -282,9 +282,18 @@ class JobWorker:
         if self.link is None:
             raise ClusterError("could not reach the master %s on port %d before the deadline: "
                                "%s" % (master, port, control.WorkerLink.last_error))
+        self._send = self.link.send  # one bound method, to detach the same
+        wing_reports.JOB.attach(self._send)
         threading.Thread(target=self._follow, name="follow-master", daemon=True).start()
 
     def _follow(self):
+        try:
+            self._follow_until_the_end()
+        finally:
+            wing_reports.JOB.detach(self._send)
+            self._done.set()
+
+    def _follow_until_the_end(self):
         while True:
             msg = self.link.receive()
             if msg is None:
@@ -308,7 +317,6 @@ class JobWorker:
             elif kind == "verdict":
                 self.verdict = msg
                 break
-        self._done.set()
 
     def _dump(self, on_demand):
         ranks = self.dump_here(on_demand)

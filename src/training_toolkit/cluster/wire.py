@@ -59,6 +59,9 @@ _FIELDS = {
     "preflight_report": {"host": str, "round": int, "checks": list},
     # The checkpoint restore (cluster/checkpoint_plan.py): "" or what failed.
     "restore_report": {"host": str, "round": int, "failure": str},
+    # A wing's report over a worker's link (cluster/wing_reports.py): a host's
+    # claim of a checkpoint unit, or its part durable (resilience/committer.py).
+    "checkpoint_part": {"host": str, "unit": str, "state": str, "objects": dict},
 }
 
 

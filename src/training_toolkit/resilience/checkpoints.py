@@ -56,10 +56,12 @@ class Checkpoints:
     `hosts`: the hosts whose `train` syncs this job's checkpoints (this one
     alone, or every host: the master first); `agree(round, deadline,
     decide, restore_here)`: how they agree on the restore (cluster/
-    checkpoint_plan.py's, bound to the hosts; alone by default)."""
+    checkpoint_plan.py's, bound to the hosts; alone by default); `link`:
+    where the committer reports its parts to the master while the job's
+    control link is up (cluster/wing_reports.py's `JOB`; None alone)."""
 
     def __init__(self, settings, endpoint_url=None, region=None, host="localhost", hosts=None,
-                 agree=None, resume_file=None):
+                 agree=None, resume_file=None, link=None):
         from .resume import agree_alone
 
         self.settings = settings
@@ -69,6 +71,7 @@ class Checkpoints:
         self.hosts = tuple(hosts or (host,))
         self.agree = agree or agree_alone
         self.resume_file = resume_file
+        self.link = link
         self.sync = None
         self.committer = None
         self.finished = False
@@ -220,7 +223,7 @@ class Checkpoints:
         sync = Sync(s.local_dir, s.bucket, s.prefix, region=self.region,
                     endpoint_url=self.endpoint_url, rules=rules, on_dead=self._sync_dead)
         rules.committer = self.committer = Committer(self._s3(), s.layout, self.host,
-                                                     self.hosts, wake=sync.wake)
+                                                     self.hosts, wake=sync.wake, link=self.link)
         return sync
 
     def _sync_dead(self, error):

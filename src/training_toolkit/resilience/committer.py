@@ -7,8 +7,8 @@ import threading
 import time
 
 from .. import log
-from .commits import (FORMAT, Parts, Record, list_objects, merge, newest, not_in_s3,
-                      parse_record, BadRecord)
+from .commits import (FORMAT, RESERVED, Parts, Record, list_objects, merge, newest,
+                      not_in_s3, parse_record, BadRecord)
 
 # A unit that not every host claimed is committed no sooner than this after
 # the first claim the master saw of it: a host's claim is one PutObject made
@@ -31,6 +31,9 @@ CLOCK_MARGIN_S = 5.0
 RETRY_S = 1.0
 # A log line about a unit still waiting for a host at most this often.
 WAIT_LOG_S = 60.0
+# A part whose report would be longer than this goes to the master through
+# S3 alone: the control link's lines are bounded (cluster/wire.py).
+REPORT_BYTES = 48 * 1024
 
 class Committer:
     """One host's side of the job-wide commit, in a thread of its own: it
@@ -38,9 +41,17 @@ class Committer:
     units that hosts claimed, watches their parts and writes their commit
     records; on a worker it watches for the records of the units it has a
     part in. The sync thread calls claim, part_durable, unit_gone and
-    may_delete, and is woken (`wake`) when a commit lets a delete go."""
+    may_delete, and is woken (`wake`) when a commit lets a delete go.
 
-    def __init__(self, client, layout, host, hosts, wake=lambda: None):
+    `link` (cluster/wing_reports.py's, or None): while an attempt holds the
+    control link, a worker also reports each claim and part it wrote to S3
+    to the master over it (`send`), and the master hears them (`listen`):
+    a unit that every host wrote is committed as the last part is heard,
+    with no S3 listing or read. S3 stays the truth: without a link, or
+    for a unit that not every host wrote, the master reads the parts there.
+    """
+
+    def __init__(self, client, layout, host, hosts, wake=lambda: None, link=None):
         self.client = client
         self.layout = layout
         self.host = host
@@ -48,8 +59,10 @@ class Committer:
         self.is_master = host == self.hosts[0]
         self.alone = len(self.hosts) == 1
         self.wake = wake
+        self.link = link
         self._cond = threading.Condition()
-        self._out = []           # (key, body), or ("commit", Record): to write, in order
+        self._out = []           # (key, part document), or ("commit", Record): in order
+        self._heard = {}         # master: unit -> {host: its last part reported over the link}
         self._mine = {}          # unit -> this host's durable part {key: (size, etag, host)}
         self._written = {}       # unit -> when this host's part was written
         self._pending = {}       # master: unit -> monotonic time of its first claim seen
@@ -72,6 +85,8 @@ class Committer:
     def start(self, committed=()):
         """`committed`: the Records known at start (the restore's)."""
         self.committed.update((record.unit, record) for record in committed)
+        if self.link is not None and self.is_master and not self.alone:
+            self.link.listen("checkpoint_part", self.part_reported)
         self._thread.start()
         return self
 
@@ -117,6 +132,7 @@ class Committer:
         with self._cond:
             self._mine.pop(unit, None)
             self._pending.pop(unit, None)
+            self._heard.pop(unit, None)
             self._gone.setdefault(unit, "waiting")
             self._since[("gone", unit)] = time.monotonic()
             self._next_look.pop(("gone", unit), None)
@@ -132,6 +148,32 @@ class Committer:
                 return False
             state = self._gone.get(unit)
             return state == "done" or state is None and unit not in self.committed
+
+    def part_reported(self, message):
+        """The master: a worker's claim or durable part of a unit, heard over
+        the control link once the worker wrote the same to S3. A report
+        that does not hold together is left out: the part is read from S3."""
+        unit, host, objects = message["unit"], message["host"], message["objects"]
+        if host not in self.hosts or host == self.host or message["state"] not in (
+                "writing", "durable") or "/" in unit or unit in ("", ".", "..", RESERVED):
+            return
+        part = {}
+        for key, obj in objects.items():
+            rel = self.layout.rel_of(host, key)
+            if rel is None or not (rel == unit or rel.startswith(unit + "/")) or \
+                    not isinstance(obj, dict) or type(obj.get("size")) is not int or \
+                    not isinstance(obj.get("etag"), str):
+                return
+            part[key] = (obj["size"], obj["etag"], (host,))
+        written_at = message.get("written_at")
+        with self._cond:
+            if unit in self.committed or unit in self._gone or unit in self._historic:
+                return
+            self._heard.setdefault(unit, {})[host] = (
+                message["state"], part,
+                written_at if isinstance(written_at, (int, float)) else 0.0)
+            self._pending.setdefault(unit, time.monotonic())
+            self._cond.notify_all()
 
     # -- what others read ---------------------------------------------------
 
@@ -182,10 +224,9 @@ class Committer:
     # -- the thread -----------------------------------------------------------
 
     def _part_body(self, unit, state, part, written_at):
-        return json.dumps({"format": FORMAT, "unit": unit, "host": self.host, "state": state,
-                           "written_at": written_at,
-                           "objects": {k: {"size": s, "etag": e} for k, (s, e, _)
-                                       in sorted(part.items())}}).encode()
+        return {"format": FORMAT, "unit": unit, "host": self.host, "state": state,
+                "written_at": written_at,
+                "objects": {k: {"size": s, "etag": e} for k, (s, e, _) in sorted(part.items())}}
 
     def _missing(self, unit):
         states = dict(self._states.get(unit, {}))
@@ -221,10 +262,15 @@ class Committer:
                 time.sleep(RETRY_S)
 
     def _write(self, key, body):
-        if key != "commit":
-            self.client.put_object(Bucket=self.layout.bucket, Key=key, Body=body)
+        if key == "commit":
+            self._commit(body)
             return
-        record = body
+        encoded = json.dumps(body).encode()
+        self.client.put_object(Bucket=self.layout.bucket, Key=key, Body=encoded)
+        if self.link is not None and len(encoded) <= REPORT_BYTES:
+            self.link.send(dict(body, type="checkpoint_part"))
+
+    def _commit(self, record, heard=False):
         record.committed_at = time.time()
         reply = self.client.put_object(Bucket=self.layout.bucket,
                                        Key=self.layout.commit_key(record.unit),
@@ -233,11 +279,13 @@ class Committer:
         with self._cond:
             self.committed[record.unit] = record
             self._pending.pop(record.unit, None)
+            self._heard.pop(record.unit, None)
             self._cond.notify_all()
         if not self.alone:
-            log.info("checkpoints: %s committed for the job: %d files, %.1f MB from %s"
+            log.info("checkpoints: %s committed for the job: %d files, %.1f MB from %s%s"
                      % (record.unit, len(record.objects), record.bytes / 1e6,
-                        ", ".join(record.hosts)))
+                        ", ".join(record.hosts),
+                        " (every part heard over the control link)" if heard else ""))
         self.wake()
 
     def _poll(self):
@@ -295,7 +343,13 @@ class Committer:
 
     def _look_at_parts(self, unit):
         """The master: commit `unit` once the part of every host that
-        claimed it is durable, CLAIM_WINDOW_S after the first claim."""
+        claimed it is durable, CLAIM_WINDOW_S after the first claim: at
+        once where every host's part was heard over the link, else as
+        their part records in S3 say."""
+        heard = self._heard_from_every_host(unit)
+        if heard is not None:
+            self._commit(heard, heard=True)
+            return
         with self._cond:
             since = self._pending.get(unit)
         if since is None or not self._due(unit, since):
@@ -304,6 +358,13 @@ class Committer:
         states.pop(self.host, None)  # its own part is known here
         objects = {k: v for k, v in objects.items() if v[2] != (self.host,)}
         with self._cond:
+            # A part heard, written to S3 before, that the listing missed.
+            for host, (state, part, written_at) in self._heard.get(unit, {}).items():
+                if host not in states:
+                    states[host] = state
+                    if state == "durable":
+                        merge(objects, part)
+                        written.append(written_at)
             self._states[unit] = states
             seen = self._pending.get(unit)
             mine = self._mine.get(unit)
@@ -323,7 +384,21 @@ class Committer:
         hosts = sorted(set(states) | ({self.host} if mine is not None else set()))
         if now < seen + CLAIM_WINDOW_S and len(hosts) < len(self.hosts):
             return  # a writer's claim may still be on its way (none can be: every host claimed)
-        self._write("commit", Record(unit, objects, max(written), None, tuple(hosts)))
+        self._commit(Record(unit, objects, max(written), None, tuple(hosts)))
+
+    def _heard_from_every_host(self, unit):
+        """The Record of `unit` where this host's part and every other
+        host's, heard over the link, are durable; else None."""
+        with self._cond:
+            heard, mine = self._heard.get(unit, {}), self._mine.get(unit)
+            if mine is None or len(heard) < len(self.hosts) - 1 or any(
+                    state != "durable" for state, _, _ in heard.values()):
+                return None
+            objects, written = dict(mine), [self._written[unit]]
+            for _, part, written_at in heard.values():
+                merge(objects, part)
+                written.append(written_at)
+        return Record(unit, objects, max(written), None, tuple(sorted(self.hosts)))
 
     def _read_record(self, unit):
         """The commit record of `unit` in S3, or None where there is none
