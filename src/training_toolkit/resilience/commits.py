@@ -16,11 +16,11 @@ with `{host}` in the URI, what comes before it):
   (its newest part's) and the time it was committed. A file at the root of
   the checkpoint dir (`last.pt`) is one host's alone: that host commits it.
 
-The part records are the truth, and each host writes its own before it
-reports the same to the master over the control link while one is up
-(resilience/committer.py), so that a part still counts after the verdict,
-when the link is closed, and when the master is gone: a later job's master
-commits what every host left durable (`recover`).
+Each host reports its claims and parts to the master over the control link
+while one is up, and writes the same part records to S3
+(resilience/committer.py): they count after the verdict, when the link is
+closed, and when the master is gone (a later job's master commits what every
+host left durable: `recover`).
 
 A record counts only when it is *whole*: valid JSON of this format, every
 object under the prefix and in its unit, each listed in S3 with its size

@@ -1,7 +1,11 @@
 """One host's side of the job-wide checkpoint commit (resilience/commits.py
 has the records): a thread that writes this host's claims and parts, and on
 the master commits the units whose every claimant's part is durable, and
-retires a unit the job deleted once a newer one is committed and whole."""
+retires a unit the job deleted once a newer one is committed and whole.
+
+One concern in about 460 lines: a unit's life on one host (claimed, its
+part durable, heard from the others, committed, retired), kept in one
+state under one lock; split, each half would reach into the other's."""
 import json
 import threading
 import time
@@ -44,11 +48,11 @@ class Committer:
     may_delete, and is woken (`wake`) when a commit lets a delete go.
 
     `link` (cluster/wing_reports.py's, or None): while an attempt holds the
-    control link, a worker also reports each claim and part it wrote to S3
-    to the master over it (`send`), and the master hears them (`listen`):
-    a unit that every host wrote is committed as the last part is heard,
-    with no S3 listing or read. S3 stays the truth: without a link, or
-    for a unit that not every host wrote, the master reads the parts there.
+    control link, a worker reports each claim and part to the master over it
+    (`send`) as it writes the same to S3, and the master hears them
+    (`listen`): a unit that every host wrote is committed as the last part
+    is heard, with no S3 listing or read. Without a link, or for a unit that
+    not every host wrote, the master reads the part records in S3.
     """
 
     def __init__(self, client, layout, host, hosts, wake=lambda: None, link=None):
@@ -63,6 +67,7 @@ class Committer:
         self._cond = threading.Condition()
         self._out = []           # (key, part document), or ("commit", Record): in order
         self._heard = {}         # master: unit -> {host: its last part reported over the link}
+        self._news = False       # master: a part heard since the thread last looked
         self._mine = {}          # unit -> this host's durable part {key: (size, etag, host)}
         self._written = {}       # unit -> when this host's part was written
         self._pending = {}       # master: unit -> monotonic time of its first claim seen
@@ -151,8 +156,8 @@ class Committer:
 
     def part_reported(self, message):
         """The master: a worker's claim or durable part of a unit, heard over
-        the control link once the worker wrote the same to S3. A report
-        that does not hold together is left out: the part is read from S3."""
+        the control link (the worker writes the same to S3). A report that
+        does not hold together is left out: the part is read from S3."""
         unit, host, objects = message["unit"], message["host"], message["objects"]
         if host not in self.hosts or host == self.host or message["state"] not in (
                 "writing", "durable") or "/" in unit or unit in ("", ".", "..", RESERVED):
@@ -173,6 +178,7 @@ class Committer:
                 message["state"], part,
                 written_at if isinstance(written_at, (int, float)) else 0.0)
             self._pending.setdefault(unit, time.monotonic())
+            self._news = True  # heard while the thread reads S3: it looks again at once
             self._cond.notify_all()
 
     # -- what others read ---------------------------------------------------
@@ -246,10 +252,10 @@ class Committer:
             with self._cond:
                 if self._stop:
                     return
-                if not self._out:
+                if not self._out and not self._news:
                     self._cond.wait(POLL_S if self._busy() or self.is_master and not
                                     self.alone else None)
-                out, self._out = self._out, []
+                out, self._out, self._news = self._out, [], False
             try:
                 while out:
                     self._write(*out[0])
@@ -266,9 +272,12 @@ class Committer:
             self._commit(body)
             return
         encoded = json.dumps(body).encode()
-        self.client.put_object(Bucket=self.layout.bucket, Key=key, Body=encoded)
+        # The master hears it first: the commit record it may write at once
+        # lists every object itself; the part record is for a master that
+        # is gone before it commits, and for the hosts without a link.
         if self.link is not None and len(encoded) <= REPORT_BYTES:
             self.link.send(dict(body, type="checkpoint_part"))
+        self.client.put_object(Bucket=self.layout.bucket, Key=key, Body=encoded)
 
     def _commit(self, record, heard=False):
         record.committed_at = time.time()
@@ -358,7 +367,7 @@ class Committer:
         states.pop(self.host, None)  # its own part is known here
         objects = {k: v for k, v in objects.items() if v[2] != (self.host,)}
         with self._cond:
-            # A part heard, written to S3 before, that the listing missed.
+            # A part heard that the listing does not have (yet).
             for host, (state, part, written_at) in self._heard.get(unit, {}).items():
                 if host not in states:
                     states[host] = state
