@@ -32,11 +32,17 @@ def _wait_for_pid_file(ranks_dir, timeout=30):
     raise AssertionError("the wrapper never wrote %s" % path)
 
 
+def _alive(pid):
+    try:  # a process may end between any two looks at it
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _gone(pids, timeout):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        alive = [p for p in pids if psutil.pid_exists(p) and
-                 psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        alive = [p for p in pids if _alive(p)]
         if not alive:
             return True
         time.sleep(0.05)
