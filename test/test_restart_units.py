@@ -213,7 +213,7 @@ def test_plan_says_what_restarts_will_do(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "restarts: 3 per 600s, on failure and hang, after 5s doubling up to 300s; exit " \
            "codes 64-78 end the job; 93 after 3 attempts in a row without progress; a torchrun " \
-           "or MPI launch waits warm for the next attempt from 10s into an attempt" in out.stdout
+           "launch waits warm for the next attempt from 10s into an attempt" in out.stdout
     off = subprocess.run(cli, env=job.env(), capture_output=True, text=True, timeout=60)
     assert "restarts: off (TRAINING_TOOLKIT_RESTARTS unset)" in off.stdout
 
@@ -226,15 +226,18 @@ import json, os, sys, time
 from training_toolkit.supervise import standby
 marks, standby_dir = sys.argv[1], sys.argv[2]
 fifo = os.environ.pop(standby.STANDBY_ENV, None)
-if fifo is not None and not standby.park_here(os.path.dirname(fifo), "launcher"):
-    sys.exit(0)  # the gate closed without a go: discarded
+if fifo is not None:
+    gate = os.open(fifo, os.O_RDONLY)
+    open(os.path.join(marks, "parked"), "w").close()
+    if os.read(gate, 1) != standby.GO:
+        sys.exit(0)  # the gate closed without a go: discarded
 attempt = os.environ["TRAINING_TOOLKIT_RESTART_COUNT"]
 with open(os.path.join(marks, "attempt-%s.json" % attempt), "w") as f:
     json.dump({"pid": os.getpid(), "parked": fifo is not None,
                "hosts": os.environ["SM_HOSTS"]}, f)
 end = time.monotonic() + 30
 while attempt == "0" and time.monotonic() < end and not os.path.exists(
-        os.path.join(standby_dir, "launcher.pid")):
+        os.path.join(marks, "parked")):
     time.sleep(0.02)
 """
 
@@ -262,13 +265,14 @@ def test_a_standby_is_adopted_only_for_exactly_the_command_it_stands_in_for(tmp_
     env = dict(os.environ, SM_HOSTS='["algo-1","algo-2"]', **{params.RESTART_COUNT_ENV: "0"})
     cwd = str(tmp_path)
     supervisor = Supervisor(grace_seconds=5)
-    supervisor.warm_next = WarmNext({params.RESTART_COUNT_ENV: "1"}, standby_dir, 0)
+    keeper = supervisor.standby
+    keeper.expect(WarmNext({params.RESTART_COUNT_ENV: "1"}, standby_dir, 0))
     try:
         supervisor.start(argv, env=env, cwd=cwd, standby=launcher_standby(argv, env, cwd))
         assert supervisor.wait().exit_code == 0
-        assert supervisor.has_standby  # parked for attempt 1
-        parked = supervisor._standby.proc
-        supervisor.warm_next = None  # no attempt after this one
+        assert len(keeper.pids()) == 1  # parked for attempt 1
+        parked = keeper._standby.proc
+        keeper.expect(None)  # no attempt after this one
         change = dict(change)
         next_cwd = str(tmp_path / change.pop("cwd")) if "cwd" in change else cwd
         relay_stdout = change.pop("relay_stdout", False)
@@ -278,12 +282,38 @@ def test_a_standby_is_adopted_only_for_exactly_the_command_it_stands_in_for(tmp_
         with open(marks / "attempt-1.json") as f:
             ran = json.load(f)
         if not (change or next_cwd != cwd or relay_stdout):
-            assert supervisor.started_warm and proc is parked, ran
+            assert keeper.started_warm and proc is parked, ran
             assert ran == {"pid": parked.pid, "parked": True, "hosts": env["SM_HOSTS"]}
         else:
-            assert not supervisor.started_warm and proc is not parked, ran
+            assert not keeper.started_warm and proc is not parked, ran
             assert ran["pid"] != parked.pid and not ran["parked"], ran
             assert ran["hosts"] == next_env["SM_HOSTS"]
             assert parked.returncode is not None  # the standby was killed and reaped
     finally:
-        supervisor.discard_standby()
+        keeper.discard()
+
+
+WARM_AFTER = ("from training_toolkit.resilience.restarts import settings_of; "
+              "print(settings_of({'TRAINING_TOOLKIT_RESTARTS': '1', "
+              "'TRAINING_TOOLKIT_WARM_RESTARTS': %r}).warm_after_s)")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="drops a capability root holds (setpriv)")
+@pytest.mark.parametrize("asked, with_cap, without_cap", [
+    ("", "10.0", "None"), ("1", "10.0", "10.0"), ("0", "None", "None")])
+def test_warm_restarts_are_off_by_default_where_train_lacks_cap_sys_nice(asked, with_cap,
+                                                                        without_cap):
+    """The parked launcher waits at idle priority only where it can come
+    back from it (CAP_SYS_NICE, which Docker's defaults leave out): without
+    it, warm restarts are off unless asked for."""
+    import subprocess
+    import sys
+
+    code = WARM_AFTER % asked
+    held = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    dropped = subprocess.run(["setpriv", "--bounding-set=-sys_nice", "--inh-caps=-sys_nice",
+                              sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=60)
+    assert (held.stdout.strip(), dropped.stdout.strip()) == (with_cap, without_cap), (
+        held.stderr, dropped.stderr)

@@ -138,13 +138,13 @@ def test_a_crash_on_the_first_attempt_restarts_the_job_once_and_it_ends_0(tmp_pa
 
 def standby_processes():
     """Processes of a standby launch (supervise/standby.py), on any host:
-    a parked torchrun launcher, an MPI rank's wrapper parked at its gate."""
+    a parked torchrun launcher."""
     import psutil
 
     found = []
     for proc in psutil.process_iter():
         try:
-            if "TRAINING_TOOLKIT_STANDBY_FIFO" in proc.environ() or "--standby" in proc.cmdline():
+            if "TRAINING_TOOLKIT_STANDBY_FIFO" in proc.environ():
                 found.append(proc.pid)
         except (psutil.Error, OSError):
             pass
@@ -152,13 +152,14 @@ def standby_processes():
 
 
 @pytest.mark.parametrize("kind, hosts, warm", [
-    ("torchrun", 2, True), ("torchrun", 2, False), ("torchrun", 1, True),
-    ("mpi", 2, True), ("mpi", 2, False), ("mpi", 1, True),
+    ("torchrun", 2, True), ("torchrun", 2, False), ("torchrun", 1, True), ("mpi", 2, True),
 ])
 def test_a_restart_adopts_the_standby_launch_and_leaves_none_behind(tmp_path, kind, hosts,
                                                                      warm):
-    settings = dict(TRAINING_TOOLKIT_WARM_RESTART_AFTER_S=0) if warm else dict(
-        TRAINING_TOOLKIT_WARM_RESTARTS=0)
+    """torchrun's launcher waits warm where asked; MPI has no standby (it
+    saved too little: docs/benchmarks.md), so its restart is cold even then."""
+    settings = dict(TRAINING_TOOLKIT_WARM_RESTARTS=1, TRAINING_TOOLKIT_WARM_RESTART_AFTER_S=0) \
+        if warm else dict(TRAINING_TOOLKIT_WARM_RESTARTS=0)
     with cluster_job(tmp_path, kind, hosts) as job:
         # RESTARTS=2: the attempt that succeeds has a standby of its own, never used.
         job.start(TRAINING_TOOLKIT_RESTARTS=2, TRAINING_TOOLKIT_RESTART_BACKOFF_S=0,
@@ -169,7 +170,7 @@ def test_a_restart_adopts_the_standby_launch_and_leaves_none_behind(tmp_path, ki
             records = attempts_of(job, host)
             assert [a["attempt"] for a in records] == [0, 1], records
             assert "warm_start" not in records[0]
-            assert records[1]["warm_start"] is warm, records
+            assert records[1]["warm_start"] is (warm and kind == "torchrun"), records
             for rank in (2 * index, 2 * index + 1):  # the restarted ranks ran as attempt 1
                 assert seen(job, host, 1, rank)["heartbeat"]
                 if kind == "torchrun":

@@ -153,8 +153,8 @@ RESTART_WINDOW_ENV = "TRAINING_TOOLKIT_RESTART_WINDOW_S"     # the budget per wi
 NO_RESTART_EXIT_CODES_ENV = "TRAINING_TOOLKIT_NO_RESTART_EXIT_CODES"
 MAX_NO_PROGRESS_RESTARTS_ENV = "TRAINING_TOOLKIT_MAX_NO_PROGRESS_RESTARTS"
 RESTART_COUNT_ENV = "TRAINING_TOOLKIT_RESTART_COUNT"   # exported to each rank
-# 1: while another attempt may follow, its launch waits warm (supervise/standby.py),
-# from this long after the attempt's start on.
+# 1: while another attempt may follow, its torchrun launch waits warm
+# (supervise/standby.py), from this long after the attempt's start on.
 WARM_RESTARTS_ENV = "TRAINING_TOOLKIT_WARM_RESTARTS"
 WARM_RESTART_AFTER_ENV = "TRAINING_TOOLKIT_WARM_RESTART_AFTER_S"
 # Pre-flight (resilience/preflight.py): off, basic or full.

@@ -247,7 +247,7 @@ def run_attempts(env, supervisor, reporter, launch_plan, runner):
 class AttemptLoop:
     """One host's attempts of a job with restarts in place. The master (or
     a lone host) decides after a failed attempt, inside the verdict
-    (Supervisor.decide_next); a worker follows the decision the verdict
+    (the launch plan's `decide_next`); a worker follows the decision the verdict
     brought. Each attempt is recorded (resilience/attempts.py)."""
 
     def __init__(self, env, supervisor, reporter, launch_plan, settings):
@@ -282,7 +282,7 @@ class AttemptLoop:
 
     def run(self, runner):
         attempts = self.attempts
-        self.supervisor.decide_next = self.decide_next
+        self.launch_plan.decide_next = self.decide_next
         self.reporter.set(restarts=self.settings.status())
         try:
             while True:
@@ -302,8 +302,9 @@ class AttemptLoop:
                     " (%s)" % outcome.where if outcome.where else "", decision.reason))
                 _sleep(decision.backoff_s)  # a SIGTERM here ends the job (143), no more attempts
         finally:
-            self.supervisor.decide_next = self.supervisor.warm_next = None
-            self.supervisor.discard_standby()
+            self.launch_plan.decide_next = None
+            self.supervisor.standby.expect(None)
+            self.supervisor.standby.discard()
             self.reporter.set(resilience=attempts.summary())
 
     def _attempt(self, runner):
@@ -315,24 +316,21 @@ class AttemptLoop:
             if variables is not None:
                 variables[params.RESTART_COUNT_ENV] = str(attempts.number)
         self.reporter.set(resilience=attempts.summary())
-        self.supervisor.warm_next = self._warm_next()
+        self.supervisor.standby.expect(self._warm_next())
         if attempts.number:  # the previous attempt's: its ranks would stop at once
             remove_stop_file(self.env.paths)
         try:
             if attempts.number:
-                from .cluster.rejoin import rejoin_for_attempt, parked_here
+                from .cluster.rejoin import rejoin_for_attempt
 
-                if not rejoin_for_attempt(self.env, plan, attempts.number,
-                                          self.supervisor.standby_ready(parked_here(plan))):
-                    self.supervisor.discard_standby()  # cold on every host
+                rejoin_for_attempt(self.env, plan, attempts.number)
                 if self.job is not None and self.job.checkpoints is not None:
                     self.job.checkpoints.restore_for_attempt(attempts.number)
             preflight(self.env, self.reporter, attempts.number)
-            self.supervisor.started_warm = False
             outcome = _phase(self.reporter, "run", runner.run, plan, self.supervisor, self.env,
                              self.reporter)
             if attempts.number:
-                attempts.entries[-1]["warm_start"] = self.supervisor.started_warm
+                attempts.entries[-1]["warm_start"] = self.supervisor.standby.started_warm
             return outcome
         except (ClusterError, PreflightError, CheckpointRestoreError) as error:
             # a host lost, not fit to run, or without the job's checkpoint

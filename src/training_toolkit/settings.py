@@ -188,8 +188,9 @@ TABLE = (
      "exit codes that end the job at once, as ranges (none: none)", _R),
     (_T + "MAX_NO_PROGRESS_RESTARTS", "int", 3, (1, None), EVERY_HOST, "restarts",
      "attempts in a row with no progress before the job ends with 93", _R),
-    (_T + "WARM_RESTARTS", "bool", 1, (0, 1), EVERY_HOST, "restarts",
-     "1: under torchrun and MPI the next attempt's launch waits warm", _R),
+    (_T + "WARM_RESTARTS", "bool", None, (0, 1), EVERY_HOST, "restarts",
+     "1: under torchrun the next attempt's launch waits warm (default: where `train` "
+     "holds CAP_SYS_NICE)", _R),
     (_T + "WARM_RESTART_AFTER_S", "float", 10.0, (0, None), EVERY_HOST, "restarts",
      "how long into an attempt its warm standby starts", _R),
     # --- pre-flight ---

@@ -2,20 +2,19 @@
 
 Reads the job, runs the framework hook or the default flow, and ends with an
 honest verdict: `success` or `failure`, `status.json`, and the exit code.
-Its length (over 450 lines) is the checkpoint wing's lifecycle (open, the
-stop notice, the requeue code), kept here until that wing owns it.
+The wings own their lifecycles (checkpoint_wing.py, intermediate_output);
+this calls them at its phases.
 """
 import os
 import signal
 import sys
 import time
 
-from . import context, import_alias, log, params, pipeline, proctree, settings
-from .errors import (CheckpointNotDurableError, ClientError, ConfigError, FrameworkError,
-                     InternalError, OutputNotDurableError, OutputWriteError, ToolkitError,
-                     UsageError)
+from . import checkpoint_wing, context, import_alias, log, params, pipeline, proctree, settings
+from .errors import (ClientError, ConfigError, FrameworkError, InternalError,
+                     OutputNotDurableError, OutputWriteError, ToolkitError, UsageError)
 from .job.environment import Environment
-from .job.paths import JobPaths, remove_stop_file, require_job
+from .job.paths import JobPaths, require_job
 from .report import Reporter
 from .supervise import Supervisor, Terminated
 
@@ -97,84 +96,10 @@ def _touch(path):
 
 def _notice(job, stopping=True):
     """A stop notice (in the signal handler; SIGUSR1 ahead of the stop, or
-    the stop itself): the stop file appears for ranks that poll, and on the
-    stop the ranks' share of the grace leaves the checkpoints' flush
-    reserve out."""
+    the stop itself): the stop file appears for ranks that poll, and the
+    checkpoint wing is told."""
     _touch(job.paths.stop_file)
-    checkpoints = job.checkpoints
-    if checkpoints is not None:
-        checkpoints.noticed(time.time())
-        if stopping:
-            job.supervisor.reserve_seconds = checkpoints.reserve_seconds(
-                job.supervisor.grace_seconds)
-
-
-def _requeue_code(job):
-    """TRAINING_TOOLKIT_REQUEUE_EXIT_CODE for a job that had a stop notice
-    and whose newest checkpoint is durable, else None."""
-    checkpoints = job.checkpoints
-    if checkpoints is None or not checkpoints.settings.requeue_exit_code:
-        return None
-    status = checkpoints.status()
-    if status.get("preemption") is None or status.get("durable") is not True:
-        return None
-    return checkpoints.settings.requeue_exit_code
-
-
-def _open_checkpoints(job, env):
-    """Before any user code: the checkpoint dir, the stop file and the
-    resume file are exported to every rank, and where the job syncs its
-    checkpoints, the prefix is checked, the job's committed checkpoint
-    restored on every host and the sync started (resilience/checkpoints.py).
-    A bad setting is 78, a missing bucket 78, access denied 77, a host that
-    cannot restore its share 75 on every host."""
-    os.environ[params.STOP_FILE_ENV] = job.paths.stop_file
-    remove_stop_file(job.paths)  # an earlier attempt's
-    if not params.checkpoints_requested(os.environ) and not os.path.exists(
-            job.paths.checkpoint_config_file):  # nothing of the wing is imported
-        os.environ[params.CHECKPOINT_DIR_ENV] = job.paths.checkpoints_dir
-        try:
-            os.makedirs(job.paths.checkpoints_dir, exist_ok=True)
-        except OSError as e:  # the job may not need it
-            log.warning("cannot create %s: %s" % (job.paths.checkpoints_dir, e.strerror or e))
-        return
-    from .resilience import checkpoints
-
-    settings = checkpoints.settings_of(os.environ, job.paths, env.current_host)
-    os.environ[params.CHECKPOINT_DIR_ENV] = settings.local_dir
-    os.environ[params.CHECKPOINT_RESUME_ENV] = job.paths.checkpoint_resume_file
-    hosts = checkpoint_hosts(env)
-    agree = link = None
-    if len(hosts) > 1 and settings.mode == "sync":
-        import functools
-
-        from .cluster import checkpoint_plan, control, wing_reports
-
-        agree = functools.partial(checkpoint_plan.agree, hosts, env.current_host,
-                                  control.control_port(os.environ), control.job_key_for(env))
-        link = wing_reports.JOB
-    wing = checkpoints.Checkpoints(settings, os.environ.get(params.S3_ENDPOINT_ENV) or None,
-                                   env.region, env.current_host, hosts, agree,
-                                   job.paths.checkpoint_resume_file, link)
-    job.checkpoints = wing
-    import contextlib
-
-    with (job.reporter.span("checkpoint_restore") if settings.mode != "off"
-          else contextlib.nullcontext()):
-        wing.open()
-    job.reporter.set(checkpoints=wing.status())
-
-
-def checkpoint_hosts(env):
-    """The hosts whose `train` syncs the job's checkpoints, the master
-    first: every host of the job, or this one where it runs alone (one
-    host, an MPIJob's launcher, Slurm's task per rank, a host of a
-    multi-host tree run by itself)."""
-    hosts = list(env.hosts)
-    if len(hosts) < 2 or env.orchestrator == "mpijob" or env.ranks_by_orchestrator or \
-            params.setting(os.environ, params.PROCESS_ALONE_ENV) or env.current_host not in hosts:
-        return (env.current_host,)
-    return tuple(hosts)
+    checkpoint_wing.noticed(job, stopping)
 
 
 def call_framework_hook(spec):
@@ -268,7 +193,7 @@ def run_job(argv=()):
                 os.makedirs(d, exist_ok=True)
             except OSError as e:  # the job may not need it; the verdict says what was lost
                 log.error("cannot create %s: %s" % (d, e.strerror or e))
-        _open_checkpoints(job, env)
+        checkpoint_wing.open_for_job(job, env)
         if env.s3_output:
             _start_intermediate_sync(job, env)
         hook = None if command else env.framework_module
@@ -333,23 +258,19 @@ def _drain_syncs(job):
     last snapshot (None when there was none, or it was drained already);
     the checkpoints' verdict goes to status.json."""
     sync, job.sync = job.sync, None
-    checkpoints = job.checkpoints
-    if checkpoints is not None and checkpoints.finished:
-        checkpoints = None
     drains = {}
     if sync is not None:
         from .intermediate_output import drain_seconds
 
         drains[sync] = drain_seconds()
-    if checkpoints is not None and checkpoints.settings.mode != "off":
-        drains[checkpoints.sync] = checkpoints.settings.drain_s
-    drains.pop(None, None)
-    snapshots, limits = _drain(job, drains)
+    checkpoints = checkpoint_wing.to_drain(job)
     if checkpoints is not None:
-        ckpt_sync = checkpoints.sync
-        job.reporter.set(checkpoints=checkpoints.finish(
-            snapshots.get(ckpt_sync), limits.get(ckpt_sync, _deadline(
-                job, checkpoints.settings.drain_s))))
+        drains[checkpoints[0]] = checkpoints[1]
+    snapshots, limits = _drain(job, drains)
+    if job.checkpoints is not None:
+        ckpt_sync = checkpoints[0] if checkpoints else None
+        checkpoint_wing.finish(job, snapshots.get(ckpt_sync), limits.get(ckpt_sync, _deadline(
+            job, job.checkpoints.settings.drain_s)))
     if sync is None:
         return None
     job.reporter.set(intermediate=snapshots[sync])
@@ -399,21 +320,9 @@ def _succeed(job):
             os.environ, params.INTERMEDIATE_STRICT_ENV):
         return _fail(job, OutputNotDurableError(synced["s3_uri"], synced["not_durable"],
                                                 params.INTERMEDIATE_STRICT_ENV))
-    checkpoints = job.checkpoints
-    note = checkpoints.not_durable_note() if checkpoints is not None else None
-    if note and checkpoints.settings.strict:
-        return _fail(job, CheckpointNotDurableError(
-            "%s, and %s=1 makes that a failure (the job's program succeeded; see status.json's "
-            "checkpoints)" % (note, params.CHECKPOINT_STRICT_ENV)))
-    requeue = _requeue_code(job)
-    if requeue is not None:  # saved and ended after SIGUSR1: not done, to be run again
-        newest = checkpoints.status().get("newest")
-        return _fail(job, ClientError(
-            "the job ended after a stop notice, %s; %s=%d asks the orchestrator to run it "
-            "again" % ("its newest checkpoint %s durable in %s" % (
-                newest, checkpoints.settings.s3_uri) if newest else "with no checkpoint of "
-                "its own on this host", params.REQUEUE_EXIT_CODE_ENV, requeue),
-            exit_code=requeue))
+    error = checkpoint_wing.failure_of_a_success(job)
+    if error is not None:
+        return _fail(job, error)
     try:
         job.reporter.succeeded()
     except OutputWriteError as error:  # never exit 0 without `success`
@@ -424,15 +333,7 @@ def _succeed(job):
 def _fail(job, error):
     job.failing = True
     _drain_syncs(job)
-    checkpoints = job.checkpoints
-    if checkpoints is not None:
-        note = checkpoints.not_durable_note()
-        if note and note not in error.message:
-            error.message += "\n" + note
-        requeue = _requeue_code(job)
-        if requeue is not None and job.stop_signal_at is not None:
-            # Preempted with its newest checkpoint durable: the orchestrator's requeue code.
-            error.exit_code = requeue
+    checkpoint_wing.amend_failure(job, error)
     mine = job.reporter.failed(error)
     log.error("%s: %s%s" % (error.label, error.message.splitlines()[0] if error.message else "",
                             "" if mine else " (keeping the failure file the job wrote)"))

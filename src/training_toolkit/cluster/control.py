@@ -185,7 +185,6 @@ class MasterControl(Ledger, Listening):
         self.optional = set(optional) - self.workers  # may join; not waited for
         self.key = key
         self.links = {}          # worker host -> its Stream
-        self.hellos = {}         # worker host -> its hello (a rejoin's says if it is warm)
         self.drops = DropLog()
         self._joined = threading.Condition()  # around `links`
         self._unauthenticated = threading.BoundedSemaphore(MAX_UNAUTHENTICATED)
@@ -269,7 +268,6 @@ class MasterControl(Ledger, Listening):
             return
         stream.peer_nonce = hello["nonce"].encode()
         with self._joined:
-            self.hellos[host] = hello
             self.links[host] = stream
             self._joined.notify_all()
         stream.send({"type": "welcome"})

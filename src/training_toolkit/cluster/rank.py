@@ -1,11 +1,9 @@
-"""Rank wrapper: `python -m training_toolkit.rank [--standby DIR] [--env-file F]
+"""Rank wrapper: `python -m training_toolkit.rank [--env-file F]
 [--tag] -- PROGRAM ARGS` (the documented command; `python -m training_toolkit.cluster.rank` is the
 same; launchers start it through `command`).
 
 Launchers (mpirun, torchrun) start every rank through this wrapper. It
 
-* with `--standby DIR` (a restart's standby launch), waits at its host's
-  gate in DIR first (supervise/standby.py);
 * loads the environment its own host's `train` wrote, when given one (MPI:
   each rank sees its own host's SM_* values and paths, and nothing crosses
   the network); torchrun ranks inherit it directly;
@@ -65,8 +63,6 @@ def parse(argv):
     while argv and argv[0] != "--":
         if argv[0] == "--env-file" and len(argv) > 1:
             env_file, argv = argv[1], argv[2:]
-        elif argv[0] == "--standby" and len(argv) > 1:
-            argv = argv[2:]  # main's, before anything else
         elif argv[0] == "--tag":
             tag, argv = True, argv[1:]
         elif argv[0] == "--own-host":
@@ -129,22 +125,8 @@ def restart_env(paths, rank, env):
     return added
 
 
-def await_go(directory):
-    """A rank of a restart's standby launch (supervise/standby.py): it waits
-    at its host's gate, before it reads its host's environment (the next
-    attempt's `train` writes it), and ends with its launcher. Whether it
-    goes on."""
-    from .. import proctree
-    from ..supervise.standby import park_here
-
-    proctree.die_with_parent()
-    return park_here(directory, "rank-%d" % rank_of(os.environ))
-
-
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--standby"] and len(argv) > 1 and not await_go(argv[1]):
-        return 0
     env_file, tag, own_host, program = parse(argv)
     if program is None:
         print("usage: python -m training_toolkit.rank [--env-file F] [--tag] [--own-host] -- "

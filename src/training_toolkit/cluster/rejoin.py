@@ -7,11 +7,6 @@ before the next attempt starts anything, the workers connect to the master's
 control port (the job's key, as always) and the master waits for all of them,
 at most REJOIN_S: a host missing then is named, and the job ends as any job
 that lost a host (79), on every host that is left.
-
-Each host says whether its part of the next attempt waits warm
-(supervise/standby.py); the master's go says whether every host's does, and
-so whether the attempt starts warm everywhere (an MPI launch's ranks go on
-together, or not at all) or cold everywhere.
 """
 import os
 import time
@@ -25,10 +20,9 @@ from .control import MasterControl, Refused, WorkerLink
 REJOIN_S = 30.0
 
 
-def rejoin(master, hosts, host, port, key, attempt, warm=False, wait_s=REJOIN_S):
+def rejoin(master, hosts, host, port, key, attempt, wait_s=REJOIN_S):
     """Every host of `hosts` is back for `attempt`, or ClusterError naming
-    the ones that are not (on the master) or the master (on a worker).
-    `warm`: this host's part waits warm. Returns whether every host's does."""
+    the ones that are not (on the master) or the master (on a worker)."""
     deadline = time.monotonic() + wait_s
     if host == master:
         workers = [h for h in hosts if h != master]
@@ -41,19 +35,18 @@ def rejoin(master, hosts, host, port, key, attempt, warm=False, wait_s=REJOIN_S)
                                    "rejoin for restart %d within %.0f s" % (
                                        "s" if len(missing) > 1 else "", ", ".join(missing),
                                        "they" if len(missing) > 1 else "it", attempt, wait_s))
-            warm = warm and all(control.hellos[w].get("warm") is True for w in workers)
             # Closed first: a worker's next connection is to the attempt's own channel.
             control.stop_listening()
-            control.broadcast({"type": "go", "attempt": attempt, "warm": warm})
+            control.broadcast({"type": "go", "attempt": attempt})
         finally:
             control.close()
-        return warm
+        return
     # The previous attempt's control server may still take this host's hello
     # (the master closes it only after its verdict went out), then close:
     # until the deadline, that is a reason to connect again, not a lost master.
     while True:
         try:
-            link = WorkerLink.connect(master, port, host, key, deadline, hello={"warm": warm})
+            link = WorkerLink.connect(master, port, host, key, deadline)
         except Refused as e:
             link, WorkerLink.last_error = None, e
         if link is None:
@@ -66,7 +59,7 @@ def rejoin(master, hosts, host, port, key, attempt, warm=False, wait_s=REJOIN_S)
             link.close()
         if message and message.get("attempt") == attempt:
             if message.get("type") == "go":
-                return message.get("warm") is True
+                return
             if message.get("type") == "abandon":
                 raise ClusterError("the master %s ended the job before restart %d: it lost %s"
                                    % (master, attempt, ", ".join(map(str, message["missing"]))))
@@ -76,22 +69,13 @@ def rejoin(master, hosts, host, port, key, attempt, warm=False, wait_s=REJOIN_S)
         time.sleep(0.05)
 
 
-def parked_here(launch_plan):
-    """How many processes of the next attempt park at this host's gate:
-    MPI's ranks here (supervise/standby.py); 0 for other launches."""
-    ranks_on = getattr(launch_plan.settings, "ranks_on", None)
-    return ranks_on(launch_plan.host) if ranks_on is not None else 0
-
-
-def rejoin_for_attempt(env, launch_plan, attempt, warm):
+def rejoin_for_attempt(env, launch_plan, attempt):
     """`rejoin` for a job's attempt (the attempt loop's, pipeline.py), on a
-    host of a multi-host job: a host lost in the backoff is named (79).
-    Whether the attempt starts warm: `warm` here, and on every host."""
+    host of a multi-host job: a host lost in the backoff is named (79)."""
     settings = launch_plan.settings
     hosts = list(getattr(settings, "hosts", None) or env.hosts)
     if launch_plan.role not in ("master", "worker") or len(hosts) < 2 or \
             env.orchestrator == "mpijob":  # its workers run the operator's sshd, not `train`
-        return warm
-    return rejoin(getattr(settings, "master", None) or env.master_hostname, hosts,
-                  env.current_host, control.control_port(os.environ), control.job_key_for(env),
-                  attempt, warm)
+        return
+    rejoin(getattr(settings, "master", None) or env.master_hostname, hosts, env.current_host,
+           control.control_port(os.environ), control.job_key_for(env), attempt)

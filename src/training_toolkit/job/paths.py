@@ -238,7 +238,7 @@ class JobPaths:
     @property
     def standby_dir(self):
         """Where the next attempt's parked launch waits for its go (the
-        gate's FIFO and the parked processes' pid files)."""
+        gate's FIFO)."""
         return self._join("toolkit", "standby")
 
     @property

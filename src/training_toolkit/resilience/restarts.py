@@ -54,7 +54,7 @@ class RestartSettings:
                     self.restarts, " per %gs" % self.window_s if self.window_s else "",
                     " and ".join(sorted(self.on)), self.backoff_s, MAX_BACKOFF_S,
                     compact(self.no_restart_codes), self.max_no_progress)
-                + ("; a torchrun or MPI launch waits warm for the next attempt from %gs "
+                + ("; a torchrun launch waits warm for the next attempt from %gs "
                    "into an attempt" % self.warm_after_s if self.warm_after_s is not None
                    else ""))
 
@@ -70,6 +70,10 @@ def settings_of(environ):
     warm_after_s = params.setting(environ, params.WARM_RESTART_AFTER_ENV)
     if not restarts:
         return None
+    if warm is None:  # on where the parked launcher can wait at idle priority
+        from ..supervise.standby import can_idle
+
+        warm = can_idle()
     return RestartSettings(restarts, on, params.setting(environ, params.RESTART_BACKOFF_ENV),
                            params.setting(environ, params.RESTART_WINDOW_ENV), codes,
                            params.setting(environ, params.MAX_NO_PROGRESS_RESTARTS_ENV),

@@ -197,7 +197,7 @@ def plan(env, entry_point, args, extra_env=None, options=None,
 
 
 def run(launch, supervisor, env, reporter):
-    job = MpiJob(env, supervisor, launch.settings, launch.user_env, reporter)
+    job = MpiJob(env, supervisor, launch.settings, launch.user_env, reporter, launch.decide_next)
     outcome = None
     try:
         if launch.role == "master":

@@ -9,6 +9,7 @@ Here too, where each host keeps the job's files (the ranks' environment,
 the known hosts, the SSH control sockets, the ranks' pid files), which the
 plan names in mpirun's argv.
 """
+import contextlib
 import json
 import os
 import shutil
@@ -70,9 +71,12 @@ def operator_launched(env):
 class MpiJob:
     """One host's part of an MPI job."""
 
-    def __init__(self, env, supervisor, settings, user_env, reporter):
+    def __init__(self, env, supervisor, settings, user_env, reporter, decide_next=None):
         self.env = env
         self.supervisor = supervisor
+        self.decide_next = decide_next
+        # The job's own stop and stack dump, in the Supervisor's place until cleanup().
+        self._hooks = contextlib.ExitStack()
         self.settings = settings
         self.reporter = reporter
         self.deadline = time.monotonic() + ssh.deadline_seconds(os.environ)
@@ -114,7 +118,7 @@ class MpiJob:
         self.coordinator = master = JobMaster(
             self.settings.control_port, [] if operator else workers, self._stop_local_ranks,
             self._control_key(), self.reporter, optional=workers if operator else (),
-            decide_next=self.supervisor.decide_next)
+            decide_next=self.decide_next)
         if not operator:
             self._write_rank_env(master.report_address())
         # The first failing rank stops the ranks on every host at once, and
@@ -123,45 +127,31 @@ class MpiJob:
         master.fail_fast(grace=0.5, stop_here=self._abort_here)
         if self.hangs is not None:
             master.watch_hangs(self.hangs, self.dump_here, stop_here=self._abort_here)
-        self.supervisor.on_dump = lambda: master.dump_everywhere(self.dump_here)
+        self._hooks.enter_context(self.supervisor.job_hooks(
+            dump=lambda: master.dump_everywhere(self.dump_here)))
         if workers:
             with self.reporter.span("ssh_readiness"):
-                # A warm start's daemons are up: its mpirun needs no SSH now.
-                self._wait_for_workers(workers, ssh_too=not self.supervisor.has_standby)
+                self._wait_for_workers(workers)
         else:
             with open(known_hosts_file(self.env), "w"):
                 pass
         # Stop the ranks on every host, not mpirun, which would kill them at once.
-        self.supervisor.on_terminate = lambda sig: self._stop_everywhere(master, operator, sig)
+        self._hooks.enter_context(self.supervisor.job_hooks(
+            terminate=lambda sig: self._stop_everywhere(master, operator, sig)))
         # mpirun itself runs in train's own environment: the ranks' variables
         # (LD_PRELOAD among them) reach the ranks through the env file only,
         # or, on an operator's job, through mpirun's -x.
         outcome = self.supervisor.run(command.argv, env=command.full_env() if operator else None,
-                                      cwd=command.cwd, relay_stdout=True, transform=self._tag,
-                                      standby=None if operator else self._standby_of(command))
+                                      cwd=command.cwd, relay_stdout=True, transform=self._tag)
         for (rank, stream), start in sorted(self._cut_lines.items()):  # never ended
             os.write(1 if stream == b"stdout" else 2, self._host_tag(rank, stream) + start + b"\n")
         return master.verdict(outcome, tail_of=mpirun_output.rank_lines,
                               launcher_failure=mpirun_output.first_failed(outcome.stderr_tail,
                                                                           self._rank_host))
 
-    def _standby_of(self, command):
-        """The standby factory of the next attempt's mpirun: the same
-        mpirun, each rank's wrapper parked at its host's gate
-        (supervise/standby.py) until that host's `train` lets it go."""
-        def make(warm, streams, gate):
-            from ..supervise.standby import Standby
-
-            planned = list(command.argv)
-            at = planned.index("--env-file")  # the wrapper's first option (mpi.mpirun_argv)
-            argv = planned[:at] + ["--standby", warm.directory] + planned[at:]
-            env = dict(os.environ)
-            return Standby(argv, env, command.cwd, streams, (command.argv, env), gate)
-        return make
-
-    def _wait_for_workers(self, workers, ssh_too=True):
-        """Every worker's `train` said hello and (`ssh_too`) its sshd took
-        our login, both awaited at once. The SSH masters start in this (the
+    def _wait_for_workers(self, workers):
+        """Every worker's `train` said hello and its sshd took our login,
+        both awaited at once. The SSH masters start in this (the
         main) thread, which outlives them."""
         errors = []
 
@@ -174,10 +164,9 @@ class MpiJob:
         waiter = threading.Thread(target=await_hellos, daemon=True)
         waiter.start()
         try:
-            if ssh_too:
-                self.ssh_masters = ssh.MasterConnections(
-                    self.supervisor, known_hosts_file(self.env), ssh_control_dir(self.env))
-                self.ssh_masters.open(workers, self.deadline)
+            self.ssh_masters = ssh.MasterConnections(
+                self.supervisor, known_hosts_file(self.env), ssh_control_dir(self.env))
+            self.ssh_masters.open(workers, self.deadline)
         finally:
             waiter.join()
         if errors:
@@ -221,7 +210,6 @@ class MpiJob:
         operator = operator_launched(self.env)
         if not operator:
             self._write_rank_env("%s:%d" % (self.settings.master, self.settings.control_port))
-            self._go_parked()
 
         def start_sshd():
             self.sshd_pid = ssh.start_sshd(self.supervisor,
@@ -236,29 +224,16 @@ class MpiJob:
                 self.settings.master, self.settings.control_port, self.env.current_host,
                 self.deadline, self._stop_local_ranks, self.supervisor.grace_seconds,
                 self._control_key(), self.reporter, self.dump_here)
-            self.supervisor.on_dump = lambda: self.dump_here(True)
+            self._hooks.enter_context(self.supervisor.job_hooks(
+                dump=lambda: self.dump_here(True)))
             if operator:  # joined first: the launcher, which waits for sshd only, then
                 start_sshd()  # cannot end the job before this host hears its verdict
-        self.supervisor.on_terminate = lambda sig: self._stop_local_ranks(
-            sig, self.supervisor.stop_window())
+        self._hooks.enter_context(self.supervisor.job_hooks(
+            terminate=lambda sig: self._stop_local_ranks(sig, self.supervisor.stop_window())))
         try:
             return worker.outcome(self.supervisor.terminating)
         finally:
             backoff.wait_until(lambda: not self._alive_local_ranks(), 2.0)
-
-    def _go_parked(self):
-        """A warm start: this host's ranks of the standby launch go on, now
-        that their environment is written (before the hello, so the master
-        cannot start a next standby meanwhile). Then, where another attempt
-        may follow, the gate its standby's ranks will park at."""
-        gate = self.supervisor.gate
-        parked = gate.parked() if gate is not None else ()
-        if parked:
-            gate.go(len(parked))
-            self.supervisor.started_warm = True
-        warm = self.supervisor.warm_next
-        if warm is not None:
-            self.supervisor.host_gate(warm.directory)
 
     # -- local ranks (any host) ------------------------------------------------
     def _local_rank_pids(self):
@@ -292,8 +267,7 @@ class MpiJob:
     def cleanup(self, restarting=False):
         """No rank, orted session or sshd of this job outlives `train`, and
         the ranks' environment file (it may hold credentials) is removed.
-        `restarting`: the next attempt follows, and the ranks parked for it
-        at this host's gate stay, with their daemon."""
+        `restarting`: the next attempt follows at once."""
         try:
             os.unlink(env_file(self.env))
         except FileNotFoundError:
@@ -312,30 +286,21 @@ class MpiJob:
                 os.waitpid(self.sshd_pid, 0)
             except ChildProcessError:
                 pass
-            if restarting:  # after an abort: its orted would not leave in time by itself
-                self._end_daemons(self._standby_daemons(), patience_s=0.0)
-            else:
-                self._end_daemons()
-        self.supervisor.on_terminate = self.supervisor.on_dump = None
+            # After an abort, which a restart follows, its orted would not
+            # leave in time by itself.
+            self._end_daemons(patience_s=0.0 if restarting else 0.05)
+        self._hooks.close()
 
-    def _standby_daemons(self):
-        """The orted of the next attempt's standby launch here: the parent
-        of the ranks parked at this host's gate."""
-        gate = self.supervisor.gate
-        return {proctree.parent(pid) for pid in gate.parked()} - {None} if gate else set()
-
-    def _end_daemons(self, spared=(), patience_s=0.05):
+    def _end_daemons(self, patience_s):
         """OpenMPI's orted daemonizes on a worker and, since `train` is a
         subreaper, becomes our child. The attempt is over and its ranks are
         gone: it gets `patience_s` to leave by itself (it does at once when
         its mpirun ended normally), then SIGKILL; it takes no SIGTERM. A
         restart follows an abort, after which it would notice its killed
-        mpirun only 0.1-0.2 s later: it gets no patience then. `spared`:
-        the next attempt's standby daemon, and what it started."""
+        mpirun only 0.1-0.2 s later: it gets no patience then."""
         def leftovers():
             proctree.reap_leftovers()
-            return [pid for pid in proctree.descendants(os.getpid(), spared)
-                    if proctree.alive(pid)]
+            return [pid for pid in proctree.descendants(os.getpid()) if proctree.alive(pid)]
 
         for sig, wait in ((None, patience_s), (signal.SIGKILL, 1.0)):
             if sig is not None:

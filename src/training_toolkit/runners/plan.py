@@ -45,7 +45,8 @@ class LaunchPlan:
     """What runs on this host. `command` is None for a host that only serves
     the job (an MPI worker waits for the master's ranks)."""
 
-    __slots__ = ("runner", "host", "role", "command", "notes", "user_env", "settings", "status")
+    __slots__ = ("runner", "host", "role", "command", "notes", "user_env", "settings", "status",
+                 "decide_next")
 
     def __init__(self, runner, host, role, command, notes=(), user_env=None, settings=None,
                  status=None):
@@ -61,6 +62,9 @@ class LaunchPlan:
         self.settings = settings
         # Decisions worth recording in status.json (SMDDP: the backend).
         self.status = dict(status or {})
+        # With restarts on, the job's decision after a failed attempt
+        # (pipeline.AttemptLoop's), which the master's verdict carries.
+        self.decide_next = None
 
     def to_dict(self):
         return {

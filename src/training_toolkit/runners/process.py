@@ -79,11 +79,8 @@ def run(launch_plan, supervisor, env, reporter):
 
             full_env.update(restart_env(env.paths, 0, full_env))
         supervisor.start(cmd.argv, env=full_env, cwd=cmd.cwd)
-        supervisor.on_dump = lambda: dump_here(env, supervisor, False)
-        try:
+        with supervisor.job_hooks(dump=lambda: dump_here(env, supervisor, False)):
             return supervisor.wait()
-        finally:
-            supervisor.on_dump = None
     from ..cluster.coordination import ABORT_GRACE_S  # a hang ends as a failure elsewhere does
     from ..resilience.watchdog import Watchdog
 
@@ -98,15 +95,14 @@ def run(launch_plan, supervisor, env, reporter):
                                    time.monotonic() - started))
         supervisor.stop(signal.SIGTERM, ABORT_GRACE_S)
 
-    supervisor.on_dump = lambda: dump_here(env, supervisor, True, settings)
     watchdog = Watchdog([watch], on_hang, lambda events: reporter.set(
         log_rule_events=watch.rule_events[-1000:]))
     watchdog.start()
     try:
-        outcome = supervisor.wait()
+        with supervisor.job_hooks(dump=lambda: dump_here(env, supervisor, True, settings)):
+            outcome = supervisor.wait()
     finally:
         watchdog.stop()
-        supervisor.on_dump = None
     if decided:
         outcome.exit_code, outcome.hang = decided[0].exit_code, decided[0]
         outcome.where = "rank 0 on %s" % env.current_host

@@ -30,6 +30,7 @@ def run_job(launch_plan, supervisor, env, reporter):
 class _ProcessJob:
     def __init__(self, launch_plan, supervisor, env, reporter, rank):
         self.cmd = launch_plan.command
+        self.decide_next = launch_plan.decide_next
         self.supervisor = supervisor
         self.env = env
         self.reporter = reporter
@@ -86,25 +87,26 @@ class _ProcessJob:
     def run_master(self):
         workers = [h for h in self.env.hosts if h != self.host]
         master = JobMaster(self.port, workers, self.supervisor.stop, self.key, self.reporter,
-                           decide_next=self.supervisor.decide_next)
+                           decide_next=self.decide_next)
         master.fail_fast()
         if self.hangs is not None:
             master.watch_hangs(self.hangs, self.dump_here)
         ledger = master.control
-        self.supervisor.on_dump = lambda: master.dump_everywhere(self.dump_here)
-        self.supervisor.on_terminate = lambda sig: master.stop_everywhere(
-            sig, self.supervisor.stop_window())
         try:
-            watchdog = self._start(ledger.rank_hung)
-            ledger.rank_started(self.rank, self.host)
-            outcome = self._wait(watchdog)
-            report = self._exit_report(outcome)
-            ledger.rank_exited(self.rank, self.host, report["exit_code"], report["stderr_tail"])
-            master.wait_for_workers(self.deadline)
-            self._wait_for_hosts(ledger, len(self.env.hosts))
-            return master.verdict(outcome, expected_ranks=len(self.env.hosts))
+            with self.supervisor.job_hooks(
+                    terminate=lambda sig: master.stop_everywhere(
+                        sig, self.supervisor.stop_window()),
+                    dump=lambda: master.dump_everywhere(self.dump_here)):
+                watchdog = self._start(ledger.rank_hung)
+                ledger.rank_started(self.rank, self.host)
+                outcome = self._wait(watchdog)
+                report = self._exit_report(outcome)
+                ledger.rank_exited(self.rank, self.host, report["exit_code"],
+                                   report["stderr_tail"])
+                master.wait_for_workers(self.deadline)
+                self._wait_for_hosts(ledger, len(self.env.hosts))
+                return master.verdict(outcome, expected_ranks=len(self.env.hosts))
         finally:
-            self.supervisor.on_terminate = self.supervisor.on_dump = None
             master.close()
 
     @staticmethod
@@ -120,16 +122,13 @@ class _ProcessJob:
         worker = JobWorker(master, self.port, self.host, self.deadline, self.supervisor.stop,
                            self.supervisor.grace_seconds, self.key, self.reporter,
                            self.dump_here)
-        self.supervisor.on_terminate = lambda sig: self.supervisor.stop(
-            sig, self.supervisor.stop_window())
-        self.supervisor.on_dump = lambda: self.dump_here(True)
-        try:
+        with self.supervisor.job_hooks(
+                terminate=lambda sig: self.supervisor.stop(sig, self.supervisor.stop_window()),
+                dump=lambda: self.dump_here(True)):
             watchdog = self._start(lambda found: worker.link.send(found.to_message()))
             worker.link.send({"type": "rank_start", "rank": self.rank, "host": self.host,
                               "pid": self.supervisor.proc.pid})
             outcome = self._wait(watchdog)
             worker.link.send(self._exit_report(outcome))
             return worker.outcome(self.supervisor.terminating or worker.told_to_stop)
-        finally:
-            self.supervisor.on_terminate = self.supervisor.on_dump = None
 

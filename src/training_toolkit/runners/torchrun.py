@@ -150,41 +150,38 @@ def run(launch, supervisor, env, reporter):
             check_port_free(settings.port, env)
         coordinator = JobMaster(settings.control_port, workers, local,
                                 control.job_key_for(env), reporter,
-                                decide_next=supervisor.decide_next,
+                                decide_next=launch.decide_next,
                                 alone_port=settings.alone_port)
         settings.alone_port = coordinator.control.port  # for a restart's standby (its env)
         launch.command.env[rank_wrapper.CONTROL_ENV] = coordinator.report_address()
         if hangs is not None:
             coordinator.watch_hangs(hangs, dump_here)
-        supervisor.on_dump = lambda: coordinator.dump_everywhere(dump_here)
         try:
             if settings.max_restarts == 0:
                 coordinator.fail_fast()
             else:  # let torchrun restart; act when a host's torchrun gives up
                 coordinator.control.on_failure = lambda rank, host, code: (
                     rank is None and coordinator.stop_everywhere(signal.SIGTERM, 3.0))
-            supervisor.on_terminate = lambda sig: coordinator.stop_everywhere(
-                sig, supervisor.stop_window())
-            outcome = stopped_is_sigterm(run_command(supervisor, launch.command, settings))
-            # With restarts, a rank's failure is not final: torchrun's is.
-            return coordinator.verdict(outcome, expected_ranks=settings.world_size,
-                                       ranks_decide=settings.max_restarts == 0)
+            with supervisor.job_hooks(
+                    terminate=lambda sig: coordinator.stop_everywhere(
+                        sig, supervisor.stop_window()),
+                    dump=lambda: coordinator.dump_everywhere(dump_here)):
+                outcome = stopped_is_sigterm(run_command(supervisor, launch.command, settings))
+                # With restarts, a rank's failure is not final: torchrun's is.
+                return coordinator.verdict(outcome, expected_ranks=settings.world_size,
+                                           ranks_decide=settings.max_restarts == 0)
         finally:
-            supervisor.on_terminate = supervisor.on_dump = None
             coordinator.close()
     log.info("worker %s: waiting for the master %s" % (env.current_host, settings.master))
     worker = JobWorker(settings.master, settings.control_port, env.current_host, deadline,
                        local, supervisor.grace_seconds,
                        control.job_key_for(env), reporter, dump_here)
-    supervisor.on_terminate = lambda sig: local(sig, supervisor.stop_window())
-    supervisor.on_dump = lambda: dump_here(True)
-    try:
+    with supervisor.job_hooks(terminate=lambda sig: local(sig, supervisor.stop_window()),
+                              dump=lambda: dump_here(True)):
         outcome = run_command(supervisor, launch.command, settings)
         if outcome.exit_code != 0 and not worker.told_to_stop:
             worker.report_failure(env.current_host, outcome.exit_code)
         return worker.outcome(supervisor.terminating or worker.told_to_stop)
-    finally:
-        supervisor.on_terminate = supervisor.on_dump = None
 
 
 def check_port_free(port, env):

@@ -20,6 +20,8 @@ handler, as a rank under a shell that died of it), or TREE_LEAD_S before the
 end of the grace, whichever comes first. At the end of the grace, SIGKILL to
 all that is left.
 """
+import contextlib
+import dataclasses
 import os
 import signal
 import threading
@@ -27,6 +29,7 @@ import time
 
 from .. import backoff, proctree
 from .relay import LineRelay, _relay_pipe
+from .standby import Keeper
 
 
 # After the main process has ended, leftovers get this long between SIGTERM
@@ -102,6 +105,17 @@ class KillTimer:
         return None if due is None else max(0.0, due - time.monotonic())
 
 
+@dataclasses.dataclass(frozen=True)
+class JobHooks:
+    """What a runner does in the Supervisor's place while its job runs
+    (`Supervisor.job_hooks`): `terminate(sig)` stops the job its own way
+    (on every host, or the ranks rather than their launcher); `dump()`
+    writes every rank's stack, the job going on (SIGQUIT)."""
+
+    terminate: object = None
+    dump: object = None
+
+
 class Supervisor:
     """Runs commands one at a time as killable units.
 
@@ -109,16 +123,18 @@ class Supervisor:
     the stages the module's docstring describes, its main process first,
     SIGKILL to what is left once the stop window (`stop_window`) has passed.
     Every run ends with no descendant left alive.
+
+    What the wings need from it comes through three named seams:
+    `job_hooks` (a runner's own stop and stack dump), `standby` (the restart
+    loop's warm standby of the next attempt, standby.Keeper) and
+    `keep_for_train` (the checkpoints' flush reserve out of the grace).
     """
 
     def __init__(self, grace_seconds=110.0):
         self.grace_seconds = grace_seconds
-        # Of the grace, what `train` keeps for itself after the kill (the
-        # checkpoints' flush); set before it calls terminate().
-        self.reserve_seconds = 0.0
-        # With restarts on: the job's decision after a failed attempt, which the
-        # master host's coordination makes (failure dict -> restarts.Decision).
-        self.decide_next = None
+        self.reserve_seconds = 0.0  # keep_for_train's
+        self.hooks = JobHooks()
+        self.standby = Keeper()
         self.proc = None
         self.terminating = False
         self._starting = False
@@ -132,17 +148,24 @@ class Supervisor:
         self.services = set()
         self._not_ours = set()
         self._relays = {}
-        # With restarts on, while another attempt may follow: what its start
-        # will differ in (standby.WarmNext), so a standby of it can be made.
-        self.warm_next = None
-        self._standby = None
-        self.gate = None  # standby.Gate of this host, where others' launches park
-        self._standby_due = None  # (factory, streams) of the standby wait() starts
-        self.started_warm = False  # a start adopted a standby (reset by its caller)
-        self.on_terminate = None
-        # Set by the runner: writes every rank's stack, the job going on (SIGQUIT).
-        self.on_dump = None
         proctree.become_subreaper()
+
+    def keep_for_train(self, seconds):
+        """Of the grace, `seconds` are kept for `train` itself after the
+        kill (the checkpoints' flush): the ranks' stop window is the rest.
+        Said before terminate() (a stop notice)."""
+        self.reserve_seconds = seconds
+
+    @contextlib.contextmanager
+    def job_hooks(self, terminate=None, dump=None):
+        """Within: the runner's `terminate` and `dump` (JobHooks) take the
+        Supervisor's place; those not given stay as they were."""
+        saved = self.hooks
+        self.hooks = JobHooks(terminate or saved.terminate, dump or saved.dump)
+        try:
+            yield
+        finally:
+            self.hooks = saved
 
     def run(self, argv, env=None, cwd=None, **relay_options):
         """Run `argv` to completion and return its Outcome."""
@@ -158,28 +181,24 @@ class Supervisor:
         `tag[fd]` (a rank's host and number). `watch` (the hang watchdog's
         RankWatch) sees what is relayed. The start adopts the standby made
         for it, if one waits (supervise/standby.py); `standby(warm_next,
-        streams)` makes one for the next attempt, where `warm_next` says one
-        may follow."""
+        streams, gate)` makes one for the next attempt, where the Keeper
+        expects one."""
         if self.terminating:
             raise Terminated(signal.SIGTERM)
         env = dict(os.environ if env is None else env)
         streams = [name for name, wanted in (("stdout", relay_stdout), ("stderr", relay_stderr))
                    if wanted]
-        waiting, self._standby = self._standby, None
-        if waiting is not None:
-            self.services.discard(waiting.proc.pid)
-            if not waiting.fits(argv, env, cwd, streams):
-                waiting.discard()
-                waiting = None
-        # Children we already had (a framework's own helpers, sshd) are not
-        # part of this command's tree; anything reparented to us later is.
-        self._not_ours = self.services | set(proctree.children(os.getpid()))
+        adopted = self.standby.adopt(argv, env, cwd, streams)
+        # Children we already had (a framework's own helpers, sshd, a
+        # standby) are not part of this command's tree; anything reparented
+        # to us later is.
+        self._not_ours = self.services | self.standby.pids() | set(
+            proctree.children(os.getpid()))
         self._stop_sig = None
         self._noticed = set()
-        if waiting is not None:
-            self.proc, read_ends = waiting.go()
+        if adopted is not None:
+            self.proc, read_ends = adopted
             self._not_ours.discard(self.proc.pid)
-            self.started_warm = True
         else:
             self._starting = True
             try:
@@ -199,70 +218,15 @@ class Supervisor:
             self._relays[name] = relay
         if self.terminating:  # a stop request came while it was starting
             self.stop(signal.SIGTERM, self.stop_window())
-        elif standby is not None and self.warm_next is not None:
-            # Started in wait(), from this (the main) thread, once the
-            # command has run for warm_next.after_s.
-            self._standby_due = (standby, streams, self.warm_next.after_s)
+        else:  # started in wait(), from this (the main) thread
+            self.standby.arm(standby, streams)
         return self.proc
-
-    def _start_standby(self, make, streams):
-        """The next attempt's launch, parked (supervise/standby.py); none
-        where it cannot start: the next attempt then starts cold."""
-        try:
-            self._standby = make(self.warm_next, streams,
-                                 self.host_gate(self.warm_next.directory))
-        except OSError as e:
-            from .. import log
-
-            log.debug("no standby for the next attempt (%s): it will start cold" % e)
-            return
-        self.services.add(self._standby.proc.pid)
-        self._not_ours.add(self._standby.proc.pid)
-
-    @property
-    def has_standby(self):
-        """A standby waits for the next start to adopt it."""
-        return self._standby is not None
-
-    def host_gate(self, directory):
-        """The gate of this host's standby dir, where the next attempt's
-        launch parks (a launcher, or the ranks another host's mpirun starts
-        here); made on first use, kept to the job's end."""
-        if self.gate is None:
-            from .standby import Gate
-
-            self.gate = Gate(directory)
-        return self.gate
-
-    def standby_ready(self, parked):
-        """Whether the next attempt can start warm here: the standby this
-        host started is still parked, and `parked` processes wait at its
-        gate (MPI's ranks of this host; 0: none are expected)."""
-        if self._standby is not None and self._standby.proc.poll() is not None:
-            return False
-        if not parked:
-            return self._standby is not None
-        return self.gate is not None and len(self.gate.parked()) == parked
-
-    def discard_standby(self):
-        """Kill the standby, if any, and close the gate: no attempt will
-        adopt them. What parked at the gate ends with it."""
-        waiting, self._standby = self._standby, None
-        if waiting is not None:
-            self.services.discard(waiting.proc.pid)
-            waiting.discard()
-        if self.gate is not None:
-            self.gate.close()
-            self.gate = None
 
     def wait(self):
         proc = self.proc
-        if self._standby_due is not None:
-            make, streams, after_s = self._standby_due
-            self._standby_due = None
-            if not _exits_within(proc, after_s) and not self.terminating \
-                    and self.warm_next is not None:
-                self._start_standby(make, streams)
+        if self.standby.start_due(lambda seconds: not _exits_within(proc, seconds),
+                                  lambda: self.terminating):
+            self._not_ours |= self.standby.pids()
         returncode = proc.wait()
         self._end_leftovers(proc.pid)
         for relay in self._relays.values():
@@ -283,17 +247,17 @@ class Supervisor:
 
     def terminate(self, sig=signal.SIGTERM):
         """Stop the running tree with `sig`, SIGKILL after the stop window.
-        A runner may set `on_terminate` to stop its job its own way (the MPI
-        master stops the ranks on every host, not mpirun). Returns False when
+        A runner's `job_hooks` may stop its job its own way (the MPI master
+        stops the ranks on every host, not mpirun). Returns False when
         nothing runs that could be stopped."""
-        proc = self.proc
-        if proc is None and self.on_terminate is None and not self._starting:
+        proc, terminate = self.proc, self.hooks.terminate
+        if proc is None and terminate is None and not self._starting:
             return False
         self.terminating = True
-        if proc is None and self.on_terminate is None:
+        if proc is None and terminate is None:
             return True  # start() stops the new tree as soon as it exists
-        if self.on_terminate is not None:
-            self.on_terminate(sig)
+        if terminate is not None:
+            terminate(sig)
         else:
             self.stop(sig, self.stop_window())
         return True
@@ -301,7 +265,7 @@ class Supervisor:
     def dump_stacks(self):
         """Every rank's stack, in a thread of its own (a signal handler
         calls this); False when nothing runs whose stacks could be written."""
-        dump = self.on_dump
+        dump = self.hooks.dump
         if dump is None:
             return False
         threading.Thread(target=dump, name="dump-stacks", daemon=True).start()

@@ -1,31 +1,32 @@
-"""Warm standbys of the next attempt's launch, for restarts in place.
+"""A warm standby of the next attempt's torchrun launch, for restarts in place.
 
-Starting a launch again costs what a cold start costs: torchrun's agent
-imports torch (about 1.5 s) on every host, mpirun starts its daemons over
-SSH and its ranks' interpreters. So once an attempt has run for a while
-(WarmNext.after_s: its own start, whose imports the standby's would slow
-even at idle priority, goes first), and another attempt may follow,
-`train` starts the next attempt's launch ahead, parked before anything of
-the job's runs, and the restart releases it.
+Starting torchrun again costs what a cold start costs: its launcher imports
+torch (about 1.5 s) on every host before the agents meet. So once an
+attempt has run for a while (WarmNext.after_s: its own start, whose imports
+the standby's would slow, goes first), and another attempt may follow,
+`train` starts the next attempt's launcher ahead, parked before anything of
+the job's runs, and the restart releases it. (MPI has none: its standby
+saved 0.8 s of a 7.8 s restart at 8 hosts; docs/benchmarks.md.)
 
 * A Gate is a FIFO in the host's standby dir (job/paths.py), which `train`
   holds open for reading and writing from the first standby to the job's
-  end: a parked process opens it without blocking, writes its pid file
-  beside it (an MPI rank's wrapper), and reads one byte. `go(n)` writes n
-  bytes: n parked processes go on, even one that opens the FIFO only after
-  the go. Closing it without a go ends them.
-* A Standby is a parked process that `train` started itself, with its output
-  pipes, and the command (argv, environment, working directory, streams) it
-  stands in for: the next attempt's start adopts it when that start's
-  command is exactly the one, and lets its gate go; anything else gets a
-  fresh start, and the standby is killed.
+  end: the parked launcher opens it without blocking and reads one byte.
+  `go()` writes it, even before the launcher opened the FIFO. Closing it
+  without a go ends the launcher.
+* A Standby is a parked launcher that `train` started itself, with its
+  output pipes, and the command (argv, environment, working directory,
+  streams) it stands in for.
+* The Keeper holds a host's standby across the job's attempts (the
+  Supervisor's `standby`): the restart loop says what the next start will
+  differ in (`expect`); a start adopts the standby when its command is
+  exactly the one (anything else is killed, and the start is cold) and arms
+  the next one, which the Supervisor's wait starts after `after_s`.
 
-Two launches park: torchrun's launcher (runners/torchrun_launcher.py, told by
-STANDBY_ENV) imports torch, then waits; under MPI, the next attempt's
-mpirun starts its daemons and ranks at once, and each rank's wrapper
-(cluster/rank.py `--standby`) waits, before it reads its host's environment,
-on the gate of its own host, which that host's `train` lets go when the
-master says the restart goes warm (cluster/rejoin.py).
+The parked launcher (runners/torchrun_launcher.py, told by STANDBY_ENV)
+waits at idle CPU priority, where it can come back from it (CAP_SYS_NICE).
+Where it cannot, warm restarts are off unless asked for
+(TRAINING_TOOLKIT_WARM_RESTARTS=1): its imports would then take CPU from the
+running attempt at normal priority.
 """
 import os
 import signal
@@ -35,6 +36,7 @@ from .. import proctree
 STANDBY_ENV = "TRAINING_TOOLKIT_STANDBY_FIFO"
 GO = b"g"
 FIFO_NAME = "go"
+CAP_SYS_NICE = 23
 
 
 class WarmNext:
@@ -49,8 +51,19 @@ class WarmNext:
         self.after_s = after_s
 
 
+def can_idle():
+    """Whether this process may raise a process back from idle priority
+    (CAP_SYS_NICE), as the parked launcher needs."""
+    try:
+        with open("/proc/self/status") as f:
+            caps = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return False
+    return bool(caps >> CAP_SYS_NICE & 1)
+
+
 class Gate:
-    """The FIFO that processes parked in `directory` wait on."""
+    """The FIFO that the launcher parked in `directory` waits on."""
 
     def __init__(self, directory):
         self.directory = directory
@@ -63,22 +76,8 @@ class Gate:
         # waits for the go, or for the end once this is closed.
         self._fd = os.open(self.fifo, os.O_RDWR | os.O_CLOEXEC)
 
-    def parked(self):
-        """The pids of the live processes parked here."""
-        pids = []
-        for name in os.listdir(self.directory):
-            if name.endswith(".pid"):
-                try:
-                    with open(os.path.join(self.directory, name)) as f:
-                        pid = int(f.read().split()[0])
-                except (OSError, ValueError, IndexError):
-                    continue
-                if proctree.alive(pid):
-                    pids.append(pid)
-        return pids
-
-    def go(self, count):
-        os.write(self._fd, GO * count)
+    def go(self):
+        os.write(self._fd, GO)
 
     def close(self):
         if self._fd is not None:
@@ -90,37 +89,16 @@ class Gate:
             pass
 
 
-def park_here(directory, name):
-    """In a parked process: its pid file, then the wait on the gate. Whether
-    it goes on (False: no gate, or the gate closed without a go)."""
-    pid_file = os.path.join(directory, "%s.pid" % name)
-    try:
-        fd = os.open(os.path.join(directory, FIFO_NAME), os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        with open(pid_file, "w") as f:
-            f.write("%d\n" % os.getpid())
-        return os.read(fd, 1) == GO
-    finally:
-        os.close(fd)
-        try:
-            os.unlink(pid_file)
-        except OSError:
-            pass
-
-
 class Standby:
     """The parked process of `argv` in `cwd`, with `env`, and our read ends
     of its output pipes for `streams`. `key`: the (argv, env) of the start
-    it stands in for; `gate` and `readers`: what its go lets go (`readers`
-    None: every process parked there)."""
+    it stands in for; `gate`: where it waits for its go."""
 
-    def __init__(self, argv, env, cwd, streams, key, gate, readers=None):
+    def __init__(self, argv, env, cwd, streams, key, gate):
         from . import spawn_piped
 
         self.key = (list(key[0]), dict(key[1]), cwd, tuple(sorted(streams)))
-        self.gate, self.readers = gate, readers
+        self.gate = gate
         self.proc, self.read_ends = spawn_piped(argv, env, cwd, streams)
 
     def fits(self, argv, env, cwd, streams):
@@ -136,7 +114,7 @@ class Standby:
                 os.sched_setscheduler(task, os.SCHED_OTHER, os.sched_param(0))
             except OSError:
                 pass  # not idle, or not ours to raise: the launcher tries itself
-        self.gate.go(self.readers if self.readers is not None else len(self.gate.parked()))
+        self.gate.go()
         read_ends, self.read_ends = self.read_ends, {}
         return self.proc, read_ends
 
@@ -156,8 +134,78 @@ def launcher_standby(argv, env, cwd):
     def make(warm, streams, gate):
         next_env = dict(env, **warm.changes)
         return Standby(argv, dict(next_env, **{STANDBY_ENV: gate.fifo}), cwd, streams,
-                       (argv, next_env), gate, readers=1)
+                       (argv, next_env), gate)
     return make
+
+
+class Keeper:
+    """One host's standby of the next attempt's launch, across the job's
+    attempts (the Supervisor's `standby`; see the module's docstring)."""
+
+    def __init__(self):
+        self.next = None           # WarmNext, while another attempt may follow
+        self.started_warm = False  # the last start adopted the standby
+        self._standby = None
+        self._gate = None
+        self._armed = None         # (make, streams) of the standby to start
+
+    def expect(self, warm_next):
+        """Before an attempt: what the next one's start will differ in
+        (None: none follows, or it starts cold)."""
+        self.next = warm_next
+        self.started_warm = False
+
+    def pids(self):
+        """The waiting standby's pid: not part of any command that runs."""
+        return {self._standby.proc.pid} if self._standby is not None else set()
+
+    def adopt(self, argv, env, cwd, streams):
+        """A start: (Process, {stream: read end}) of the standby made for
+        exactly this command, or None (a standby made for another is killed)."""
+        waiting, self._standby, self._armed = self._standby, None, None
+        if waiting is None:
+            return None
+        if not waiting.fits(argv, env, cwd, streams):
+            waiting.discard()
+            return None
+        self.started_warm = True
+        return waiting.go()
+
+    def arm(self, make, streams):
+        """A start whose next attempt may wait warm: `make(warm_next,
+        streams, gate)` makes its standby, once `start_due` says so."""
+        if make is not None and self.next is not None:
+            self._armed = (make, streams)
+
+    def start_due(self, has_run_for, stopping):
+        """The armed standby, once the command has run for `after_s`
+        (`has_run_for(seconds)`: it did not end within them) and no stop
+        came; whether one started."""
+        armed, self._armed = self._armed, None
+        if armed is None or self.next is None or not has_run_for(self.next.after_s) or \
+                stopping():
+            return False
+        make, streams = armed
+        if self._gate is None:
+            self._gate = Gate(self.next.directory)
+        try:
+            self._standby = make(self.next, streams, self._gate)
+        except OSError as e:
+            from .. import log
+
+            log.debug("no standby for the next attempt (%s): it will start cold" % e)
+            return False
+        return True
+
+    def discard(self):
+        """Kill the standby, if any, and close the gate: no attempt will
+        adopt it."""
+        waiting, self._standby, self._armed = self._standby, None, None
+        if waiting is not None:
+            waiting.discard()
+        if self._gate is not None:
+            self._gate.close()
+            self._gate = None
 
 
 def _tasks(pid):
