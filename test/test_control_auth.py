@@ -316,6 +316,47 @@ def test_unauthenticated_peer_cannot_register_as_a_worker(master):
     link.close()
 
 
+def deep_stacks(ranks, frames, name_len=60):
+    """A host's stack summaries: `ranks` ranks, each `frames` frames deep."""
+    return {str(r): {"top": "train.py:5 in step", "answered": True, "path": "/x/%d" % r,
+                     "signature": ["f%d_%s" % (i, "x" * name_len) for i in range(frames)]}
+            for r in range(ranks)}
+
+
+def test_an_authentic_stacks_reply_over_64_kib_goes_through_and_the_host_stays(master):
+    """8 ranks x 150 frames of long names: past the first line's 64 KiB,
+    within what an authentic peer may send. Before it, the master took such
+    a reply for a protocol error and the host for lost (79)."""
+    link = control.WorkerLink.connect("127.0.0.1", master.port, "algo-2", KEY,
+                                      time.monotonic() + 10)
+    ranks = deep_stacks(8, 150)
+    assert len(json.dumps(ranks)) > 64 * 1024
+    assert link.send({"type": "stacks", "host": "algo-2", "ranks": ranks})
+    assert master.wait_for_stacks(["algo-2"], time.monotonic() + 10)[7]["signature"] == \
+        ranks["7"]["signature"]
+    assert master.lost == [] and master.drops.count == 0
+    master.broadcast({"type": "verdict", "exit_code": 0})
+    assert link.receive() == {"type": "verdict", "exit_code": 0}
+    link.close()
+
+
+def test_stacks_past_the_bound_are_cut_and_marked_never_dropped():
+    from training_toolkit.cluster import wire
+    from training_toolkit.resilience.stacks import fit
+
+    limit = wire.MAX_AUTHENTIC_LINE - 4096
+    small = deep_stacks(8, 150)
+    assert fit(small, limit) is small
+    for ranks, frames in ((64, 500), (2000, 150), (20000, 1)):
+        huge = deep_stacks(ranks, frames)
+        cut = fit(huge, limit)
+        assert len(json.dumps(cut)) <= limit
+        assert all(s["truncated"] and s["top"] == "train.py:5 in step" for s in cut.values())
+        # Every rank while they fit at all; past that, the first ones (the
+        # others count as not answered).
+        assert sorted(cut) == sorted(huge) if ranks <= 2000 else 0 < len(cut) < ranks
+
+
 def test_worker_with_another_key_is_refused_with_a_reason(master):
     from training_toolkit.errors import ClusterError
     from training_toolkit.cluster.coordination import JobWorker

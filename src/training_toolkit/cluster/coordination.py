@@ -321,8 +321,11 @@ class JobWorker:
     def _dump(self, on_demand):
         ranks = self.dump_here(on_demand)
         if not on_demand:
-            self.link.send({"type": "stacks", "host": self.host,
-                            "ranks": {str(r): s for r, s in ranks.items()}})
+            from ..resilience.stacks import fit
+
+            # Within the line an authentic peer may send, the envelope aside.
+            ranks = fit({str(r): s for r, s in ranks.items()}, wire.MAX_AUTHENTIC_LINE - 4096)
+            self.link.send({"type": "stacks", "host": self.host, "ranks": ranks})
 
     def report_failure(self, host, exit_code):
         """This host's launcher failed (ranks may not have said why)."""

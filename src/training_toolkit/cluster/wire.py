@@ -21,9 +21,11 @@
   the master's messages to it (welcome, terminate, abort, verdict) are MACed.
   A recorded message is therefore worthless on any other connection or at
   any other position (no replay, no reordering, no reflection).
-* Bounds of a line. A line is at most MAX_LINE bytes (read with a bounded
-  readline; a longer one closes its connection), and stderr tails are cut
-  to TAIL_CHARS before sending.
+* Bounds of a line. Until a connection's first authentic line, a line is at
+  most MAX_LINE bytes; after it, at most MAX_AUTHENTIC_LINE (a host's stack
+  summaries, which the sender fits under it: resilience/stacks.py `fit`).
+  Each is read with a bounded readline; a longer line closes its
+  connection. stderr tails are cut to TAIL_CHARS before sending.
 
 Who listens, who connects and what each side does with a message is in
 control.py.
@@ -38,6 +40,9 @@ import threading
 
 JOB_SECRET_ENV = "TRAINING_TOOLKIT_JOB_SECRET"
 MAX_LINE = 64 * 1024
+# A peer that proved it holds the job's key may send more: 8 ranks' stacks of
+# 150 frames each are about 100 KiB (docs/resilience.md, "What happens on a hang").
+MAX_AUTHENTIC_LINE = 1024 * 1024
 # 8 Ki characters, JSON-escaped at worst 6 bytes each, fit a line.
 TAIL_CHARS = 8 * 1024
 GREETING = b"tt-control-1"
@@ -193,10 +198,13 @@ class Stream:
             self.sock.sendall(line)
 
     def read_line(self):
-        """The next line (b"" at the end); Rejected(fatal) past MAX_LINE."""
-        line = self._reader.readline(MAX_LINE + 1)
-        if len(line) > MAX_LINE:
-            raise Rejected("a line over %d bytes" % MAX_LINE, fatal=True)
+        """The next line (b"" at the end); Rejected(fatal) past its bound:
+        MAX_LINE until the stream's first authentic line, MAX_AUTHENTIC_LINE
+        after it."""
+        bound = MAX_AUTHENTIC_LINE if self.received else MAX_LINE
+        line = self._reader.readline(bound + 1)
+        if len(line) > bound:
+            raise Rejected("a line over %d bytes" % bound, fatal=True)
         return line if line.endswith(b"\n") else b""
 
     def receive(self):

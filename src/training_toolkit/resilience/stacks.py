@@ -118,6 +118,36 @@ def summary(stacks):
                      "answered": s.answered, "path": s.path} for s in stacks}
 
 
+def fit(summaries, limit):
+    """`summaries` ({rank: summary}) within `limit` bytes of JSON, so that a
+    host with many ranks or deep stacks still sends them whole enough: each
+    signature cut to its outermost and innermost frames (32, then 8, then
+    none), then the paths left out, then the ranks that do not fit (the
+    master counts them as not answered); whatever was cut says `truncated`."""
+    import json
+
+    def within(candidate):
+        return len(json.dumps(candidate)) <= limit
+
+    if within(summaries):
+        return summaries
+    for keep in (32, 8, 0):
+        cut = {rank: dict(s, truncated=True, signature=(
+            s["signature"][:keep // 2] + ["..."] + s["signature"][-(keep // 2):]
+            if keep and len(s["signature"]) > keep else s["signature"][:keep]))
+            for rank, s in summaries.items()}
+        if within(cut):
+            return cut
+    bare, size = {}, 2
+    for rank, s in cut.items():
+        entry = dict(s, top=s["top"][:200], path=None)
+        size += len(json.dumps({rank: entry})) + 1
+        if size > limit:
+            break
+        bare[rank] = entry
+    return bare
+
+
 def _read(path, limit=65536):
     try:
         with open(path, "rb") as f:
