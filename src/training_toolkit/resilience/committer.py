@@ -68,6 +68,7 @@ class Committer:
         self._out = []           # (key, part document), or ("commit", Record): in order
         self._heard = {}         # master: unit -> {host: its last part reported over the link}
         self._news = False       # master: a part heard since the thread last looked
+        self._committing = set() # units whose commit record is being written
         self._mine = {}          # unit -> this host's durable part {key: (size, etag, host)}
         self._written = {}       # unit -> when this host's part was written
         self._pending = {}       # master: unit -> monotonic time of its first claim seen
@@ -109,9 +110,10 @@ class Committer:
             self._gone.pop(unit, None)
             if self.is_master:
                 self._pending.setdefault(unit, time.monotonic())
-            self._out.append((self.layout.part_key(unit, self.host),
-                              self._part_body(unit, "writing", {}, None)))
+            body = self._part_body(unit, "writing", {}, None)
+            self._out.append((self.layout.part_key(unit, self.host), body))
             self._cond.notify_all()
+        self._tell_master(body)
 
     def part_durable(self, unit, objects, written_at, root_file=False):
         """This host's part of `unit`, {local rel: (size, ETag)}, is in S3."""
@@ -122,15 +124,30 @@ class Committer:
             self._written[unit] = written_at
             self._since[unit] = time.monotonic()
             self._gone.pop(unit, None)
+            body = None
             if root_file or self.alone:
                 self._out.append(("commit", Record(unit, part, written_at, None,
                                                    (self.host,))))
             else:
-                self._out.append((self.layout.part_key(unit, self.host),
-                                  self._part_body(unit, "durable", part, written_at)))
+                body = self._part_body(unit, "durable", part, written_at)
+                self._out.append((self.layout.part_key(unit, self.host), body))
                 if self.is_master:
                     self._pending.setdefault(unit, time.monotonic())
             self._cond.notify_all()
+        if body is not None:
+            self._tell_master(body)
+        if self.is_master and not self.alone and not root_file:
+            self._commit_if_heard(unit)  # the master's own part came last
+
+    def _tell_master(self, body):
+        """A worker's claim or part, to the master over the link at once
+        (the commit thread may be waiting on S3); its record goes to S3
+        from the commit thread. A part too large for the link goes by S3
+        alone."""
+        if self.link is not None and not self.is_master:
+            message = dict(body, type="checkpoint_part")
+            if len(json.dumps(message)) <= REPORT_BYTES:
+                self.link.send(message)
 
     def unit_gone(self, unit):
         """Every file of `unit` was deleted here."""
@@ -180,6 +197,7 @@ class Committer:
             self._pending.setdefault(unit, time.monotonic())
             self._news = True  # heard while the thread reads S3: it looks again at once
             self._cond.notify_all()
+        self._commit_if_heard(unit)
 
     # -- what others read ---------------------------------------------------
 
@@ -271,19 +289,38 @@ class Committer:
         if key == "commit":
             self._commit(body)
             return
-        encoded = json.dumps(body).encode()
-        # The master hears it first: the commit record it may write at once
-        # lists every object itself; the part record is for a master that
-        # is gone before it commits, and for the hosts without a link.
-        if self.link is not None and len(encoded) <= REPORT_BYTES:
-            self.link.send(dict(body, type="checkpoint_part"))
-        self.client.put_object(Bucket=self.layout.bucket, Key=key, Body=encoded)
+        # The master heard it already (`_tell_master`): the commit record it
+        # may write at once lists every object itself; the part record is
+        # for a master that is gone before it commits, and for the hosts
+        # without a link.
+        self.client.put_object(Bucket=self.layout.bucket, Key=key,
+                               Body=json.dumps(body).encode())
+
+    def _commit_if_heard(self, unit):
+        """Where every part of `unit` was heard, its commit at once, in a
+        thread of its own: not after the commit thread's look at S3."""
+        record = self._heard_from_every_host(unit)
+        if record is not None:
+            threading.Thread(target=self._commit_heard, args=(record,),
+                             name="checkpoint-commit-heard", daemon=True).start()
+
+    def _commit_heard(self, record):
+        try:
+            self._commit(record, heard=True)
+        except Exception as e:  # noqa: BLE001 - the commit thread tries it again
+            self.last_error = "%s: %s" % (type(e).__name__, e)
 
     def _commit(self, record, heard=False):
-        record.committed_at = time.time()
-        reply = self.client.put_object(Bucket=self.layout.bucket,
-                                       Key=self.layout.commit_key(record.unit),
-                                       Body=record.to_json())
+        """Write `record`, the unit's commit; one writer at a time per unit
+        (`_committing`, which the caller claimed for the master's commits)."""
+        try:
+            record.committed_at = time.time()
+            reply = self.client.put_object(Bucket=self.layout.bucket,
+                                           Key=self.layout.commit_key(record.unit),
+                                           Body=record.to_json())
+        finally:
+            with self._cond:
+                self._committing.discard(record.unit)
         record.etag = reply.get("ETag", "").strip('"')
         with self._cond:
             self.committed[record.unit] = record
@@ -363,6 +400,9 @@ class Committer:
             since = self._pending.get(unit)
         if since is None or not self._due(unit, since):
             return
+        with self._cond:
+            if unit in self._committing:
+                return
         states, objects, written, _ = self._parts.of(unit, self._rewritten.get(unit))
         states.pop(self.host, None)  # its own part is known here
         objects = {k: v for k, v in objects.items() if v[2] != (self.host,)}
@@ -393,20 +433,27 @@ class Committer:
         hosts = sorted(set(states) | ({self.host} if mine is not None else set()))
         if now < seen + CLAIM_WINDOW_S and len(hosts) < len(self.hosts):
             return  # a writer's claim may still be on its way (none can be: every host claimed)
+        with self._cond:
+            if unit in self._committing or unit in self.committed:
+                return
+            self._committing.add(unit)
         self._commit(Record(unit, objects, max(written), None, tuple(hosts)))
 
     def _heard_from_every_host(self, unit):
         """The Record of `unit` where this host's part and every other
-        host's, heard over the link, are durable; else None."""
+        host's, heard over the link, are durable, and the caller's to write
+        (claimed in `_committing`); else None."""
         with self._cond:
             heard, mine = self._heard.get(unit, {}), self._mine.get(unit)
             if mine is None or len(heard) < len(self.hosts) - 1 or any(
-                    state != "durable" for state, _, _ in heard.values()):
+                    state != "durable" for state, _, _ in heard.values()) or \
+                    unit in self._committing or unit in self.committed:
                 return None
             objects, written = dict(mine), [self._written[unit]]
             for _, part, written_at in heard.values():
                 merge(objects, part)
                 written.append(written_at)
+            self._committing.add(unit)
         return Record(unit, objects, max(written), None, tuple(sorted(self.hosts)))
 
     def _read_record(self, unit):
