@@ -316,6 +316,19 @@ def test_unauthenticated_peer_cannot_register_as_a_worker(master):
     link.close()
 
 
+def test_the_control_port_listens_with_the_largest_backlog_the_kernel_allows(master):
+    """A burst of thousands of workers' connects must not overflow it (a
+    dropped SYN costs the worker 1 s, then 3 s): the backlog is the host's
+    net.core.somaxconn, as `ss` shows it for a listening socket."""
+    import subprocess
+
+    with open("/proc/sys/net/core/somaxconn") as f:
+        somaxconn = int(f.read())
+    out = subprocess.run(["ss", "-Hltn", "sport = :%d" % master.port], capture_output=True,
+                         text=True, timeout=30).stdout.split()
+    assert int(out[2]) == somaxconn > 128, out  # State, Recv-Q, Send-Q (the backlog), ...
+
+
 def deep_stacks(ranks, frames, name_len=60):
     """A host's stack summaries: `ranks` ranks, each `frames` frames deep."""
     return {str(r): {"top": "train.py:5 in step", "answered": True, "path": "/x/%d" % r,

@@ -2,6 +2,7 @@
 authenticated hello between two listeners on loopback (cluster/preflight.py):
 settings, thresholds, who dials whom, the parallel run within a deadline,
 the verdict's lines. The jobs are in test_preflight.py."""
+import collections
 import time
 
 import pytest
@@ -96,6 +97,63 @@ def test_beyond_16_hosts_a_ring_and_the_master(n):
     assert ring <= pairs(n)
     assert all(len(preflight.peers_to_dial(r, n)) <= 2 for r in range(n))
     assert all(0 in preflight.peers_to_dial(r, n) for r in range(2, n))
+
+
+@pytest.mark.parametrize("n", [2, 16, 17, 1024, 16384])
+def test_dns_lookups_grow_with_the_hosts_and_every_name_is_looked_up(n):
+    """Up to 16 hosts every host looks up every name; beyond, O(hosts)
+    lookups in all, and every name by at least two hosts."""
+    looked_up = collections.Counter(
+        name for r in range(n) for name in preflight.names_to_resolve(r, n))
+    assert set(looked_up) == set(range(n))
+    if n <= 16:
+        assert all(count == n for count in looked_up.values())
+    else:
+        assert sum(looked_up.values()) <= 3 * n
+        assert min(looked_up.values()) >= 2
+
+
+FAKE_SSH = """#!/bin/sh
+# A stand-in for ssh's master connection: it takes 0.2 s to connect, counting
+# how many connect at once, then holds its control socket's place.
+host="$(eval echo \\${$#})"
+counts="$FAKE_SSH_DIR/connecting"
+flock "$counts.lock" sh -c "echo + >> $counts"
+sleep 0.2
+flock "$counts.lock" sh -c "echo - >> $counts"
+: > "$FAKE_SSH_CONTROL/$host"
+exec sleep 60
+"""
+
+
+def test_the_mpi_master_connects_at_most_max_connecting_hosts_at_once(tmp_path, monkeypatch):
+    """OpenMPI's own cap: a job of thousands of hosts does not start
+    thousands of ssh processes together."""
+    import types
+
+    from training_toolkit.cluster import ssh
+
+    fake = tmp_path / "ssh"
+    fake.write_text(FAKE_SSH)
+    fake.chmod(0o755)
+    control = str(tmp_path / "control")
+    monkeypatch.setenv("FAKE_SSH_DIR", str(tmp_path))
+    monkeypatch.setenv("FAKE_SSH_CONTROL", control)
+    monkeypatch.setattr(ssh.resources, "which", lambda name: str(fake))
+    monkeypatch.setattr(ssh, "MAX_CONNECTING", 4)
+    holder = types.SimpleNamespace(services=set())
+    connections = ssh.MasterConnections(holder, str(tmp_path / "known_hosts"), control)
+    hosts = ["algo-%d" % i for i in range(2, 22)]
+    try:
+        connections.open(hosts, time.monotonic() + 60)
+    finally:
+        connections.close()
+    most = now = 0
+    for mark in (tmp_path / "connecting").read_text().split():
+        now += 1 if mark == "+" else -1
+        most = max(most, now)
+    assert most <= 4
+    assert (tmp_path / "connecting").read_text().count("+") == len(hosts)
 
 
 def test_the_bandwidth_ring_visits_every_host():

@@ -49,6 +49,10 @@ from .wire import _mac as _mac, job_key as job_key, seal as seal
 CONTROL_PORT_ENV = params.CONTROL_PORT_ENV
 AUTH_TIMEOUT_S = 10.0
 MAX_UNAUTHENTICATED = 1024
+# The kernel takes net.core.somaxconn where that is lower: the largest backlog
+# the host allows, so that a burst of thousands of workers' connects is not
+# dropped (a dropped SYN is retried 1 s later, then 3 s).
+LISTEN_BACKLOG = 65535
 DROP_LOG_INTERVAL_S = 5.0
 # A rank's exit report waits for the master's acknowledgement this long at
 # most, connecting included. A master that is gone ends the wait at once
@@ -144,7 +148,8 @@ class Listening:
     `stop_listening()`."""
 
     def __init__(self, address, port, name):
-        self._server = socket.create_server((address, port), reuse_port=False, backlog=128)
+        self._server = socket.create_server((address, port), reuse_port=False,
+                                            backlog=LISTEN_BACKLOG)
         self.port = self._server.getsockname()[1]
         self._closed = False
         threading.Thread(target=self._accept, name=name, daemon=True).start()

@@ -142,7 +142,8 @@ def _tasks(settings, level, env, environ, key, peer_port, round_, deadline):
     if level == "full":
         tasks.append(("gpus", lambda: probes.gpus(env.job_python, deadline)))
     if n > 1:
-        tasks.append(("dns", lambda: probes.dns(hosts, deadline)))
+        names = [hosts[r] for r in preflight.names_to_resolve(rank, n)]
+        tasks.append(("dns", lambda: probes.dns(names, deadline)))
         for peer in (hosts[r] for r in preflight.peers_to_dial(rank, n)):
             tasks.append(("reach %s" % peer, lambda peer=peer: reach(
                 peer, peer_port, key, me, round_, deadline, is_master=peer == hosts[0])))

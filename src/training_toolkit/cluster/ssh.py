@@ -12,6 +12,10 @@ from ..errors import ClusterError, MissingProgramError
 from ..job import resources
 
 SSH_PORT = 22
+# SSH connections the MPI master opens at once: OpenMPI's own cap on the
+# daemons it launches at once (plm_rsh_num_concurrent), so that a job of
+# thousands of hosts does not start thousands of ssh processes together.
+MAX_CONNECTING = 128
 DEADLINE_ENV = params.SSH_DEADLINE_ENV
 
 
@@ -101,8 +105,9 @@ class MasterConnections:
         self.masters = {}  # host -> proctree.Process
 
     def open(self, hosts, deadline):
-        """Return once every host has a master connection; retries each
-        host (backoff from 50 ms) until `deadline`. Raises ClusterError
+        """Return once every host has a master connection, at most
+        MAX_CONNECTING of them connecting at once; retries each host
+        (backoff from 50 ms) until `deadline`. Raises ClusterError
         naming each unreachable host and ssh's last words about it. Call it
         from the thread that lives as long as the job (a master is SIGTERMed
         when the thread that started it ends)."""
@@ -120,17 +125,21 @@ class MasterConnections:
         errors, pending = {}, set(hosts)
         while pending:
             now = time.monotonic()
+            connecting = sum(1 for h in pending if h in self.masters)
             for host in sorted(pending):
                 proc = self.masters.get(host)
                 if proc is None:
-                    if now >= retry_at[host]:
+                    if now >= retry_at[host] and connecting < MAX_CONNECTING:
                         self.masters[host] = self._start(ssh, options, host, deadline - now)
+                        connecting += 1
                 elif os.path.exists(os.path.join(self.control_dir, host)):
                     pending.discard(host)
                     errors.pop(host, None)
+                    connecting -= 1
                 elif proc.poll() is not None:
                     errors[host] = self._last_words(host) or "ssh exited %d" % proc.returncode
                     del self.masters[host]
+                    connecting -= 1
                     retry_at[host] = now + next(delays[host])
             if not pending:
                 return

@@ -103,7 +103,7 @@ def locked_memory():
 # -- names -------------------------------------------------------------------
 
 def dns(hosts, deadline):
-    """Every host name resolves (IPv4), each lookup within the time left."""
+    """Each name of `hosts` resolves (IPv4), each lookup within the time left."""
     import threading
 
     from ..job.network import resolve_ipv4
@@ -119,7 +119,7 @@ def dns(hosts, deadline):
     if unresolved:
         return [Check("dns", False, "DNS: %s do%s not resolve" % (
             ", ".join(unresolved), "es" if len(unresolved) == 1 else ""))]
-    return [Check("dns", True, "DNS: all %d host names resolve" % len(hosts), HARD,
+    return [Check("dns", True, "DNS: the %d host names looked up resolve" % len(hosts), HARD,
                   len(hosts))]
 
 
