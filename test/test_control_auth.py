@@ -329,6 +329,43 @@ def test_the_control_port_listens_with_the_largest_backlog_the_kernel_allows(mas
     assert int(out[2]) == somaxconn > 128, out  # State, Recv-Q, Send-Q (the backlog), ...
 
 
+def test_a_worker_that_stops_reading_never_holds_up_the_others(monkeypatch):
+    """A broadcast (the verdict, an abort) reaches every worker that reads,
+    however full another's socket is; that one is dropped and named once its
+    send deadline passes. Before, the master sent to each in turn and waited
+    on the stalled one for good."""
+    server = control.MasterControl(0, ["algo-2", "algo-3"], KEY)
+    try:
+        # algo-2 links first (the first the master sends to), then reads nothing.
+        stalled = control.WorkerLink.connect("127.0.0.1", server.port, "algo-2", KEY,
+                                             time.monotonic() + 10)
+        reader = control.WorkerLink.connect("127.0.0.1", server.port, "algo-3", KEY,
+                                            time.monotonic() + 10)
+        assert server.wait_for_workers(time.monotonic() + 10) == []
+        with server._joined:
+            assert list(server.links) == ["algo-2", "algo-3"]
+            server.links["algo-2"].sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        stalled.stream.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        pad = "x" * (512 * 1024)  # far more than both buffers hold
+        sent = threading.Thread(target=server.broadcast, args=(
+            {"type": "verdict", "exit_code": 3, "pad": pad},), kwargs={"deadline_s": 60},
+            daemon=True)
+        sent.start()
+        # algo-3 has the verdict while algo-2's deadline is far off: no one waited on it.
+        reader.stream.sock.settimeout(10)  # a receive that times out is None
+        assert (reader.receive() or {}).get("exit_code") == 3
+        assert sent.is_alive() and server.lost == []
+        # Past its deadline, the one that does not read is dropped and named.
+        server.broadcast({"type": "verdict", "exit_code": 3, "pad": pad}, deadline_s=0.5)
+        assert until(lambda: [w.host for w in server.lost] == ["algo-2"],
+                     what="algo-2 dropped as lost")
+        sent.join(70)
+    finally:
+        server.close()
+    stalled.close()
+    reader.close()
+
+
 def deep_stacks(ranks, frames, name_len=60):
     """A host's stack summaries: `ranks` ranks, each `frames` frames deep."""
     return {str(r): {"top": "train.py:5 in step", "answered": True, "path": "/x/%d" % r,

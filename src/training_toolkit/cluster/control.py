@@ -49,6 +49,9 @@ from .wire import _mac as _mac, job_key as job_key, seal as seal
 CONTROL_PORT_ENV = params.CONTROL_PORT_ENV
 AUTH_TIMEOUT_S = 10.0
 MAX_UNAUTHENTICATED = 1024
+# A worker whose socket does not take a broadcast (an abort, the verdict)
+# within this long is dropped: the others never wait on it.
+SEND_DEADLINE_S = 5.0
 # The kernel takes net.core.somaxconn where that is lower: the largest backlog
 # the host allows, so that a burst of thousands of workers' connects is not
 # dropped (a dropped SYN is retried 1 s later, then 3 s).
@@ -335,14 +338,41 @@ class MasterControl(Ledger, Listening):
         with self._joined:
             return sorted(self.links)
 
-    def broadcast(self, message):
+    def broadcast(self, message, deadline_s=SEND_DEADLINE_S):
+        """`message` to every linked worker at once: what a worker's socket
+        does not take at once is sent as it does, for `deadline_s` at most;
+        a worker that has not taken it by then is dropped and named (its
+        link closed: a lost host), never waited for longer."""
+        import selectors
+
         with self._joined:
-            links = list(self.links.values())
-        for stream in links:
+            links = list(self.links.items())
+        waiting = selectors.DefaultSelector()  # epoll: any number of sockets
+        for host, stream in links:
             try:
-                stream.send(message)
-            except OSError:
+                if not stream.send_without_waiting(message):
+                    waiting.register(stream.sock, selectors.EVENT_WRITE, (host, stream))
+            except (OSError, ValueError, KeyError):  # closed meanwhile
                 pass
+        deadline = time.monotonic() + deadline_s
+        with waiting:
+            while waiting.get_map():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                for key, _ in waiting.select(left):
+                    host, stream = key.data
+                    try:
+                        done = stream.flush()
+                    except OSError:
+                        done = True  # gone: its link's own thread says so
+                    if done:
+                        waiting.unregister(key.fileobj)
+            for key in list(waiting.get_map().values()):
+                host, stream = key.data
+                log.warning("control channel: dropped the worker %s: it did not take the %s "
+                            "within %g s" % (host, message.get("type"), deadline_s))
+                stream.close()
 
     def close(self):
         self.stop_listening()

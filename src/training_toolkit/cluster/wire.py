@@ -190,12 +190,37 @@ class Stream:
         self.sent = self.received = 0
         self._reader = sock.makefile("rb")
         self._lock = threading.Lock()
+        self._unsent = b""  # the end of a line a broadcast could not send at once
 
     def send(self, message):
         with self._lock:
             line = seal(self.key, self.outgoing, self.peer_nonce, self.sent, message)
             self.sent += 1
-            self.sock.sendall(line)
+            self._unsent, unsent = b"", self._unsent + line
+            self.sock.sendall(unsent)
+
+    def send_without_waiting(self, message):
+        """Queue `message` and send what the socket takes now; whether all
+        of it went (else `flush` sends the rest, in order)."""
+        with self._lock:
+            line = seal(self.key, self.outgoing, self.peer_nonce, self.sent, message)
+            self.sent += 1
+            self._unsent += line
+            return self._flush_now()
+
+    def flush(self):
+        """Send what the socket takes now of what is queued; whether all went."""
+        with self._lock:
+            return self._flush_now()
+
+    def _flush_now(self):
+        while self._unsent:
+            try:
+                sent = self.sock.send(self._unsent, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return False
+            self._unsent = self._unsent[sent:]
+        return True
 
     def read_line(self):
         """The next line (b"" at the end); Rejected(fatal) past its bound:
@@ -223,7 +248,8 @@ class Stream:
         with self._lock:
             line = seal(self.key, self.outgoing, self.own_nonce, self.sent, message)
             self.sent += 1
-            self.sock.sendall(line)
+            self._unsent, unsent = b"", self._unsent + line
+            self.sock.sendall(unsent)
 
     def greet(self):
         self.sock.sendall(GREETING + b" " + self.own_nonce + b"\n")
