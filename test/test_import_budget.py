@@ -18,6 +18,7 @@ TOOLKIT = {
     "training_toolkit",                    # the package (a docstring)
     "training_toolkit.__main__",           # the console entry
     "training_toolkit.trainer",            # `train`: handlers, verdict
+    "training_toolkit.checkpoint_wing",    # exports the checkpoint dir; nothing of the wing
     "training_toolkit.pipeline",           # the phases of one host's job
     "training_toolkit.context",            # the one job context
     "training_toolkit.job",                # the contract: config -> Environment
@@ -35,6 +36,7 @@ TOOLKIT = {
     "training_toolkit.report",
     "training_toolkit.supervise",
     "training_toolkit.supervise.relay",    # the stderr relay keeps the tail for `failure`
+    "training_toolkit.supervise.standby",  # the Supervisor's standby keeper (empty here)
     "training_toolkit.proctree",
     "training_toolkit.backoff",            # proctree waits for a process with it
     "training_toolkit.install",            # is there anything to install?

@@ -27,8 +27,13 @@ def test_off_by_default_and_the_defaults():
     assert s.on == {"failure", "hang"}
     assert s.no_restart_codes == frozenset(range(64, 79))
     assert s.status()["no_restart_exit_codes"] == "64-78"
-    assert s.warm_after_s == 10.0
-    assert settings(TRAINING_TOOLKIT_WARM_RESTART_AFTER_S="2.5").warm_after_s == 2.5
+    # Warm restarts, unset, follow CAP_SYS_NICE (the last test below drops it).
+    from training_toolkit.supervise.standby import can_idle
+
+    assert s.warm_after_s == (10.0 if can_idle() else None)
+    assert settings(TRAINING_TOOLKIT_WARM_RESTARTS="1").warm_after_s == 10.0
+    assert settings(TRAINING_TOOLKIT_WARM_RESTARTS="1",
+                    TRAINING_TOOLKIT_WARM_RESTART_AFTER_S="2.5").warm_after_s == 2.5
     assert settings(TRAINING_TOOLKIT_WARM_RESTARTS="0").warm_after_s is None
 
 
@@ -208,7 +213,8 @@ def test_plan_says_what_restarts_will_do(tmp_path):
     job = Job(tmp_path, {"train.py": "pass\n"})
     cli = [sys.executable, "-m", "training_toolkit.cli", "plan", "--job-dir", job.base]
     out = subprocess.run(cli, env=job.env(TRAINING_TOOLKIT_RESTARTS="3",
-                                          TRAINING_TOOLKIT_RESTART_WINDOW_S="600"),
+                                          TRAINING_TOOLKIT_RESTART_WINDOW_S="600",
+                                          TRAINING_TOOLKIT_WARM_RESTARTS="1"),
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "restarts: 3 per 600s, on failure and hang, after 5s doubling up to 300s; exit " \

@@ -21,7 +21,6 @@ end of the grace, whichever comes first. At the end of the grace, SIGKILL to
 all that is left.
 """
 import contextlib
-import dataclasses
 import os
 import signal
 import threading
@@ -105,15 +104,17 @@ class KillTimer:
         return None if due is None else max(0.0, due - time.monotonic())
 
 
-@dataclasses.dataclass(frozen=True)
 class JobHooks:
     """What a runner does in the Supervisor's place while its job runs
     (`Supervisor.job_hooks`): `terminate(sig)` stops the job its own way
     (on every host, or the ranks rather than their launcher); `dump()`
-    writes every rank's stack, the job going on (SIGQUIT)."""
+    writes every rank's stack, the job going on (SIGQUIT). (A plain class:
+    dataclasses would add inspect's imports to every job's start.)"""
 
-    terminate: object = None
-    dump: object = None
+    __slots__ = ("terminate", "dump")
+
+    def __init__(self, terminate=None, dump=None):
+        self.terminate, self.dump = terminate, dump
 
 
 class Supervisor:
