@@ -99,6 +99,7 @@ for step in range(1000000):
         stuck_in_the_data_loader()
     dist.all_reduce(t)
     time.sleep(0.01)
+dist.destroy_process_group()  # torch 2.13 may abort at exit without it
 """
 
 

@@ -31,6 +31,10 @@ MasterControl is.
 
 A 1-host job listens on loopback only; the master of a multi-host job on all
 interfaces, at TRAINING_TOOLKIT_CONTROL_PORT (default 7780).
+
+One concern in about 480 lines: the two ends of one connection protocol
+(the master's server and broadcasts, a worker's link, a rank's report),
+which share its bounds and its handling of a bad message.
 """
 import os
 import socket
