@@ -7,7 +7,7 @@ One `train` runs one job, so a process has one of these: `JOB`. A worker's
 JobWorker attaches its link for the attempt; the master's MasterControl
 hands each report of a kind that a wing listens for to it. Nothing may
 depend on a report arriving (there is no link between attempts, nor after
-the verdict): a wing that sends one has first left what it says where it
+the verdict): a wing that sends one also writes what it says where it
 outlives the link (the part record in S3), and falls back to reading that.
 """
 import threading

@@ -318,11 +318,13 @@ class Committer:
             reply = self.client.put_object(Bucket=self.layout.bucket,
                                            Key=self.layout.commit_key(record.unit),
                                            Body=record.to_json())
-        finally:
+        except BaseException:
             with self._cond:
                 self._committing.discard(record.unit)
+            raise
         record.etag = reply.get("ETag", "").strip('"')
-        with self._cond:
+        with self._cond:  # committed and released at once: no second writer in between
+            self._committing.discard(record.unit)
             self.committed[record.unit] = record
             self._pending.pop(record.unit, None)
             self._heard.pop(record.unit, None)
