@@ -168,9 +168,9 @@ def test_a_rank_claimed_from_another_name_stays_with_the_node_holding_it(tmp_pat
     connects = []  # the name of each node's every join (a reconnect shows)
     connect = WorkerLink.connect.__func__
 
-    def counted(cls, master, port, host, key, deadline, hello=None):
+    def counted(cls, master, port, host, key, deadline, hello=None, hosts=1):
         connects.append(host)
-        return connect(cls, master, port, host, key, deadline, hello=hello)
+        return connect(cls, master, port, host, key, deadline, hello=hello, hosts=hosts)
 
     monkeypatch.setattr(WorkerLink, "connect", classmethod(counted))
     port, master = free_port(), placement(0, count=2)

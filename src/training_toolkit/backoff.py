@@ -5,14 +5,18 @@ S3 call, a simulated host listening) takes its delays from here, so that
 each says only how fast it starts, how slow it may get and when it gives up.
 """
 import itertools
+import random
 import time
 
 
-def delays(first, most, factor=2.0):
-    """first, first*factor, ... capped at `most`, forever."""
+def delays(first, most, factor=2.0, jitter=False):
+    """first, first*factor, ... capped at `most`, forever. With `jitter`
+    (full jitter), each is drawn uniformly from [0, that delay]: many
+    clients that failed at once (every worker of a job, before its master
+    listens) then retry spread out rather than in bursts."""
     delay = first
     while True:
-        yield delay
+        yield random.uniform(0, delay) if jitter else delay
         delay = min(delay * factor, most)
 
 
@@ -22,11 +26,11 @@ def nth_delay(n, first, most, factor=2.0):
     return next(itertools.islice(delays(first, most, factor), n - 1, None))
 
 
-def attempts(deadline, first=0.01, most=0.2, factor=2.0):
+def attempts(deadline, first=0.01, most=0.2, factor=2.0, jitter=False):
     """Yield at once, then again after each delay, until the monotonic
     `deadline` has passed (the last sleep is cut to end at it). A loop that
     runs out of attempts falls through: the caller says what timed out."""
-    for delay in delays(first, most, factor):
+    for delay in delays(first, most, factor, jitter):
         yield
         left = deadline - time.monotonic()
         if left <= 0:

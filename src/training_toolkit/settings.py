@@ -138,7 +138,8 @@ TABLE = (
     (_T + "HANG_TIMEOUT_S", "float", 0.0, (0, None), EVERY_HOST, "hang",
      "a rank with no progress for this long is hung (0: watchdog off)", _H),
     (_T + "HANG_START_TIMEOUT_S", "float", None, (0, None), EVERY_HOST, "hang",
-     "the time before a rank's first progress (default: 3 x the timeout)", _H),
+     "the time before a rank's first progress (default: 3 x the timeout, plus 20 ms a host "
+     "beyond 16)", _H),
     (_T + "HANG_EXIT_CODE", "int", 200, (1, 255), EVERY_HOST, "hang",
      "the exit code of a hang", _H),
     (_T + "HANG_REGEX", "str", None, None, EVERY_HOST, "hang",

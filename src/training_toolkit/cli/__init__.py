@@ -59,7 +59,7 @@ def cmd_plan(args):
     env = _environment(args)
     check_entry_point_before_fetch(env)  # as `train` would fail, before its install
     launch = plan(env, one_job=True)  # as `train` runs it
-    watchdog = _hang_watchdog(os.environ)
+    watchdog = _hang_watchdog(os.environ, len(env.hosts))
     from ..resilience.checkpoint_settings import settings_of
 
     checkpoints = settings_of(os.environ, env.paths, env.current_host)
@@ -88,12 +88,12 @@ def cmd_plan(args):
     return 0
 
 
-def _hang_watchdog(environ):
-    """What the hang watchdog will do (None: off); a bad setting is refused
-    here as `train` refuses it."""
+def _hang_watchdog(environ, hosts):
+    """What the hang watchdog will do in a job of `hosts` (None: off); a bad
+    setting is refused here as `train` refuses it."""
     from ..resilience.hang import settings_of
 
-    settings = settings_of(environ)
+    settings = settings_of(environ, hosts)
     return settings.describe() if settings is not None else None
 
 

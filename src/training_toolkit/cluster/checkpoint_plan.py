@@ -43,7 +43,7 @@ def agree(hosts, me, port, key, round_, deadline, decide, restore_here):
         return agree_alone(round_, deadline, decide, restore_here)
     if me == hosts[0]:
         return _master(hosts, me, port, key, round_, deadline, decide, restore_here)
-    return _worker(hosts[0], me, port, key, round_, deadline, restore_here)
+    return _worker(hosts[0], me, port, key, round_, deadline, restore_here, len(hosts))
 
 
 def _master(hosts, me, port, key, round_, deadline, decide, restore_here):
@@ -78,9 +78,10 @@ def _master(hosts, me, port, key, round_, deadline, decide, restore_here):
     return plan
 
 
-def _worker(master, me, port, key, round_, deadline, restore_here):
+def _worker(master, me, port, key, round_, deadline, restore_here, hosts):
     try:
-        link = WorkerLink.connect(master, port, me, key, deadline, hello={"round": round_})
+        link = WorkerLink.connect(master, port, me, key, deadline, hello={"round": round_},
+                                  hosts=hosts)
     except Refused:
         link = None
     if link is None:

@@ -390,6 +390,21 @@ class Refused(Exception):
     """The master closed the connection instead of welcoming this host."""
 
 
+# Connects a second at the master when every worker's next try falls in
+# [0, cap] (full jitter), as when the master's port opens: its backlog and
+# its admission take them spread out rather than in one burst.
+CONNECT_RATE = 10000
+
+
+def connect_cap_s(hosts):
+    """The longest wait between a worker's tries to connect, in a job of
+    `hosts`. 0.1 s up to 1,000 hosts: the job starts only once every worker
+    is connected, so any longer wait adds to its start-up. Beyond, the cap
+    that spreads one try of every worker to CONNECT_RATE a second (1.6 s at
+    16,384 hosts)."""
+    return max(0.1, hosts / CONNECT_RATE)
+
+
 class WorkerLink:
     """A worker's connection to the master's `train`."""
 
@@ -398,16 +413,15 @@ class WorkerLink:
         self.drops = DropLog()
 
     @classmethod
-    def connect(cls, master, port, host, key, deadline, hello=None):
-        """Connect (retrying from 50 ms while the master starts), say hello
+    def connect(cls, master, port, host, key, deadline, hello=None, hosts=1):
+        """Connect (retrying from 50 ms while the master starts, up to
+        connect_cap_s of the job's `hosts`, with full jitter), say hello
         and wait for the master's welcome. Returns None if the deadline
         passes (the last error is kept in `last_error`); raises Refused when
         the master hangs up on the hello, which it does when the hosts'
         keys differ. `hello`: more fields of the hello (the roster's)."""
         cls.last_error = None
-        # At most 0.1 s between tries: the job starts only once every worker
-        # is connected, so any longer wait adds to its start-up.
-        for _ in backoff.attempts(deadline, first=0.05, most=0.1, factor=1.5):
+        for _ in backoff.attempts(deadline, first=0.05, most=connect_cap_s(hosts), jitter=True):
             sock = None
             try:
                 sock = socket.create_connection((master, port), timeout=5)

@@ -29,6 +29,19 @@ LOST_MASTER_GRACE_S = 5.0
 # After a launcher's 0, a lost report leaves the 0 standing; after mpirun
 # named the rank that failed first, mpirun's word stands in for it.
 REPORTS_WAIT_S = 5.0
+# What the master waits for the hosts' stack summaries beyond their own
+# deadline: the network's margin, in a small job.
+STACKS_MARGIN_S = 2.0
+# A host's summaries are about 100 KiB (8 ranks, docs/resilience.md), and the
+# master reads every host's: a conservative 50 MiB/s takes 2 ms a host.
+STACKS_PER_HOST_S = 100 / (50 * 1024)
+
+
+def stacks_margin_s(hosts):
+    """The margin for the replies of `hosts`: STACKS_MARGIN_S, or the
+    transfer of every one where that is longer (beyond 1,024 hosts; 32 s at
+    16,384)."""
+    return max(STACKS_MARGIN_S, hosts * STACKS_PER_HOST_S)
 
 
 def learned_verdict(reporter, how):
@@ -129,8 +142,10 @@ class JobMaster:
             self.control.broadcast({"type": "dump", "on_demand": False})
             summaries = dump_here(False)
             hosts = self.control.linked_hosts()
-            # A host answers within its deadline; the margin is the network's.
-            summaries.update(self.control.wait_for_stacks(hosts, started + deadline + 2.0))
+            # A host answers within its deadline; the margin is the network's,
+            # and the transfer of every reply.
+            margin = stacks_margin_s(len(hosts))
+            summaries.update(self.control.wait_for_stacks(hosts, started + deadline + margin))
             odd = odd_rank(summaries)
             if odd is not None:
                 # Its wrapper's report may be a poll behind the first one, or
@@ -256,9 +271,10 @@ class JobWorker:
     its verdict. Losing the master ends the local ranks."""
 
     def __init__(self, master, port, host, deadline, stop_local, grace, key, reporter,
-                 dump_here=None):
+                 dump_here=None, hosts=1):
         """`dump_here(on_demand)`: this host's ranks' stacks, when the master
-        asks for them (a hang, or SIGQUIT on the master)."""
+        asks for them (a hang, or SIGQUIT on the master); `hosts`: how many
+        the job has (its connect's backoff grows with them)."""
         self.master = master
         self.host = host
         self.dump_here = dump_here
@@ -270,7 +286,8 @@ class JobWorker:
         self.told_to_stop = False  # the master stopped the job (SIGTERM on it)
         self._done = threading.Event()
         try:
-            self.link = control.WorkerLink.connect(master, port, host, key, deadline)
+            self.link = control.WorkerLink.connect(master, port, host, key, deadline,
+                                                   hosts=hosts)
         except control.Refused as e:
             raise ClusterError(
                 "the master %s refused this host (%s) on its control port %d (%s): the hosts "

@@ -111,7 +111,7 @@ def run_for_job(settings, env, environ, reporter, attempt=0):
             failures = _decide(server, me, checks, hosts, deadline, settings.timeout_s, round_)
         else:
             failures = _report(hosts[0], port, key, me, checks, round_, deadline,
-                               settings.timeout_s)
+                               settings.timeout_s, n)
     finally:
         if server is not None:
             server.close()
@@ -333,11 +333,12 @@ def _decide(server, me, checks, hosts, deadline, timeout_s, round_):
     return failures
 
 
-def _report(master, port, key, me, checks, round_, deadline, timeout_s):
-    """A worker: send the master this host's checks, wait for the verdict."""
+def _report(master, port, key, me, checks, round_, deadline, timeout_s, hosts):
+    """A worker: send the master this host's checks, wait for the verdict
+    (`hosts`: how many the job has)."""
     try:
         link = WorkerLink.connect(master, port, me, key, deadline + REPORT_GRACE_S,
-                                  hello={"round": round_})
+                                  hello={"round": round_}, hosts=hosts)
     except Refused:
         return ["%s: refused %s's pre-flight report (do the hosts' %s differ?)"
                 % (master, me, JOB_SECRET_ENV)]

@@ -179,7 +179,9 @@ def main(argv=None):
     if params.hang_watch_requested(env):  # the settings were checked by this host's `train`
         from ..resilience import hang
 
-        hang_settings = hang.settings_of(env)
+        # The job's host count, as its `train` exported it: the start
+        # timeout's default grows with it.
+        hang_settings = hang.settings_of(env, int(env.get("SM_HOST_COUNT") or 1))
         if hang_settings is not None:
             watch, env = hang.watch_rank(hang_settings, JobPaths.from_environ(env), rank,
                                          host, env)

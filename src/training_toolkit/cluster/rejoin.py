@@ -5,8 +5,8 @@ lost meanwhile (its `train` killed, its node gone) would leave the others
 waiting on a launcher's rendezvous, or an SSH deadline, for minutes. So,
 before the next attempt starts anything, the workers connect to the master's
 control port (the job's key, as always) and the master waits for all of them,
-at most REJOIN_S: a host missing then is named, and the job ends as any job
-that lost a host (79), on every host that is left.
+at most rejoin_s of the job's hosts: a host missing then is named, and the
+job ends as any job that lost a host (79), on every host that is left.
 """
 import os
 import time
@@ -18,11 +18,23 @@ from .control import MasterControl, Refused, WorkerLink
 # How long the hosts wait for each other after the backoff (they end it
 # together, give or take their clocks and their own last steps).
 REJOIN_S = 30.0
+# What each host adds at scale: the master admits every host's connection
+# (about 1 ms each on 2 vCPUs, docs/benchmarks.md), and the more hosts, the
+# later the last one ends its attempt and its backoff. 5 ms a host allows
+# for a master five times slower and for that spread.
+REJOIN_PER_HOST_S = 0.005
 
 
-def rejoin(master, hosts, host, port, key, attempt, wait_s=REJOIN_S):
+def rejoin_s(hosts):
+    """How long the hosts of a job of `hosts` wait for each other: REJOIN_S,
+    or REJOIN_PER_HOST_S a host where that is longer (from 6,000 hosts)."""
+    return max(REJOIN_S, hosts * REJOIN_PER_HOST_S)
+
+
+def rejoin(master, hosts, host, port, key, attempt):
     """Every host of `hosts` is back for `attempt`, or ClusterError naming
     the ones that are not (on the master) or the master (on a worker)."""
+    wait_s = rejoin_s(len(hosts))
     deadline = time.monotonic() + wait_s
     if host == master:
         workers = [h for h in hosts if h != master]
@@ -46,7 +58,7 @@ def rejoin(master, hosts, host, port, key, attempt, wait_s=REJOIN_S):
     # until the deadline, that is a reason to connect again, not a lost master.
     while True:
         try:
-            link = WorkerLink.connect(master, port, host, key, deadline)
+            link = WorkerLink.connect(master, port, host, key, deadline, hosts=len(hosts))
         except Refused as e:
             link, WorkerLink.last_error = None, e
         if link is None:

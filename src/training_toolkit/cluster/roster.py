@@ -167,7 +167,8 @@ def _join(placement, key, port, deadline, deadline_s):
     hello = {"node_rank": rank, "dialled": master}
     while True:
         try:
-            link = WorkerLink.connect(master, port, name, key, deadline, hello=hello)
+            link = WorkerLink.connect(master, port, name, key, deadline, hello=hello,
+                                      hosts=placement.num_nodes)
         except Refused:
             raise ClusterError(
                 "the master %s:%d refused node rank %d (%s): another node holds that rank, "

@@ -26,13 +26,13 @@ def rank_env(settings, paths, rank):
     return env
 
 
-def settings_of(environ):
-    """The watchdog's settings, or None when it is off."""
+def settings_of(environ, hosts=1):
+    """The watchdog's settings in a job of `hosts`, or None when it is off."""
     if not params.hang_watch_requested(environ):
         return None
     from .settings import HangSettings
 
-    return HangSettings.from_environ(environ)
+    return HangSettings.from_environ(environ, hosts)
 
 
 def watch_rank(settings, paths, rank, host, env):

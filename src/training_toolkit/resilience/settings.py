@@ -9,6 +9,19 @@ from ..errors import ConfigError
 # How often the watchdog looks at its ranks: a small share of the overshoot
 # over the timeout that a verdict may take (the target is 2 s).
 POLL_S = 0.2
+# A rank's first progress comes after the job's collective start-up (the
+# launcher's rendezvous store, the process group's and the communicators'
+# set-up), which takes longer the more hosts take part. Up to START_HOSTS,
+# 3 x the timeout covers it; each host beyond adds START_PER_HOST_S (5.5
+# minutes more at 16,384 hosts).
+START_HOSTS = 16
+START_PER_HOST_S = 0.02
+
+
+def default_start_timeout_s(timeout_s, hosts):
+    """The time before a rank's first progress, where none is set, in a job
+    of `hosts`."""
+    return 3 * timeout_s + START_PER_HOST_S * max(hosts - START_HOSTS, 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,8 +36,9 @@ class HangSettings:
     rules_file: str = ""
 
     @classmethod
-    def from_environ(cls, environ):
-        """The settings, or None when the watchdog is off (unset or 0)."""
+    def from_environ(cls, environ, hosts=1):
+        """The settings of a job of `hosts`, or None when the watchdog is off
+        (unset or 0)."""
         timeout = params.setting(environ, params.HANG_TIMEOUT_ENV)
         exit_code = params.setting(environ, params.HANG_EXIT_CODE_ENV)
         deadline = params.setting(environ, params.STACK_DEADLINE_ENV)
@@ -39,7 +53,9 @@ class HangSettings:
             rules = load_rules(rules_file)
         if not timeout and not rules:
             return None
-        return cls(timeout_s=timeout, start_timeout_s=start if start else 3 * timeout,
+        if not start:
+            start = default_start_timeout_s(timeout, hosts)
+        return cls(timeout_s=timeout, start_timeout_s=start,
                    exit_code=exit_code, stack_deadline_s=deadline, regex=regex,
                    phase_timeouts=phases, rules=rules, rules_file=rules_file)
 

@@ -87,7 +87,7 @@ class MpiJob:
         self._killer = KillTimer(lambda: self._signal_local_ranks(signal.SIGKILL))
         self._noticed = set()  # the rank processes a stop notice went to
         self.user_env = user_env
-        self.hangs = hang.settings_of(os.environ)  # the watchdog's, or None
+        self.hangs = hang.settings_of(os.environ, len(env.hosts))  # the watchdog's, or None
         self.dump_here = hang.host_dumper(env.paths, env.current_host, self.hangs)
         # Pid files of an earlier run in this job tree name processes that are gone.
         shutil.rmtree(ranks_dir(env), ignore_errors=True)
@@ -223,7 +223,8 @@ class MpiJob:
             self.coordinator = worker = JobWorker(
                 self.settings.master, self.settings.control_port, self.env.current_host,
                 self.deadline, self._stop_local_ranks, self.supervisor.grace_seconds,
-                self._control_key(), self.reporter, self.dump_here)
+                self._control_key(), self.reporter, self.dump_here,
+                hosts=len(self.settings.hosts))
             self._hooks.enter_context(self.supervisor.job_hooks(
                 dump=lambda: self.dump_here(True)))
             if operator:  # joined first: the launcher, which waits for sshd only, then

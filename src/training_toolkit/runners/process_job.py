@@ -43,7 +43,7 @@ class _ProcessJob:
         if params.hang_watch_requested(os.environ):
             from ..resilience import hang
 
-            self.hangs = hang.settings_of(os.environ)
+            self.hangs = hang.settings_of(os.environ, len(env.hosts))
 
     def dump_here(self, on_demand):
         """This host's process's stack, as rank N's (a hang, SIGQUIT)."""
@@ -121,7 +121,7 @@ class _ProcessJob:
         master = self.env.master_hostname
         worker = JobWorker(master, self.port, self.host, self.deadline, self.supervisor.stop,
                            self.supervisor.grace_seconds, self.key, self.reporter,
-                           self.dump_here)
+                           self.dump_here, hosts=len(self.env.hosts))
         with self.supervisor.job_hooks(
                 terminate=lambda sig: self.supervisor.stop(sig, self.supervisor.stop_window()),
                 dump=lambda: self.dump_here(True)):

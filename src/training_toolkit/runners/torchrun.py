@@ -140,7 +140,7 @@ def run(launch, supervisor, env, reporter):
                                   "torch.distributed.run (pip install torch)" % env.job_python)
     local = supervisor.stop
     deadline = time.monotonic() + ssh.deadline_seconds(os.environ)
-    hangs = hang.settings_of(os.environ)
+    hangs = hang.settings_of(os.environ, len(env.hosts))
     dump_here = hang.host_dumper(env.paths, env.current_host, hangs)
     shutil.rmtree(env.paths.ranks_dir, ignore_errors=True)
     os.makedirs(env.paths.ranks_dir)
@@ -175,7 +175,8 @@ def run(launch, supervisor, env, reporter):
     log.info("worker %s: waiting for the master %s" % (env.current_host, settings.master))
     worker = JobWorker(settings.master, settings.control_port, env.current_host, deadline,
                        local, supervisor.grace_seconds,
-                       control.job_key_for(env), reporter, dump_here)
+                       control.job_key_for(env), reporter, dump_here,
+                       hosts=len(settings.hosts))
     with supervisor.job_hooks(terminate=lambda sig: local(sig, supervisor.stop_window()),
                               dump=lambda: dump_here(True)):
         outcome = run_command(supervisor, launch.command, settings)
