@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from cluster_jobs import ClusterJob, require_cluster
-from training_toolkit.cluster import control
+from training_toolkit.cluster import control, server as control_server
 from training_toolkit.rehearsal.jobtree import write_job_tree
 from training_toolkit.report import Reporter
 
@@ -246,7 +246,7 @@ def test_a_trickling_peer_is_cut_off_at_the_auth_deadline(monkeypatch):
     """A peer that sends a byte at a time, each within the read timeout, must
     not hold its connection (and the master's thread) past the deadline to
     authenticate."""
-    monkeypatch.setattr(control, "AUTH_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(control_server, "AUTH_TIMEOUT_S", 1.0)
     server = control.MasterControl(0, ["algo-2"], KEY)
     try:
         peer = Peer(server.port)
@@ -268,10 +268,10 @@ def test_a_trickling_peer_is_cut_off_at_the_auth_deadline(monkeypatch):
 
 
 def test_connections_waiting_to_authenticate_are_capped(monkeypatch):
-    """Each connection that has not authenticated holds a thread: past
+    """Each connection that has not authenticated holds a place: past
     MAX_UNAUTHENTICATED of them, new ones are closed at once; the places come
     back as those connections go."""
-    monkeypatch.setattr(control, "MAX_UNAUTHENTICATED", 4)
+    monkeypatch.setattr(control_server, "MAX_UNAUTHENTICATED", 4)
     server = control.MasterControl(0, ["algo-2"], KEY)
     try:
         idle = [Peer(server.port) for _ in range(4)]
@@ -364,6 +364,58 @@ def test_a_worker_that_stops_reading_never_holds_up_the_others(monkeypatch):
         server.close()
     stalled.close()
     reader.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_flood_of_unauthenticated_connections_leaves_the_job_alone(monkeypatch):
+    """Thousands of connections that never authenticate (idle, garbage,
+    a line cut short), past the cap: the workers stay linked, a rank's exit
+    is still recorded and acknowledged, and the abort reaches every worker."""
+    import resource
+
+    monkeypatch.setattr(control_server, "MAX_UNAUTHENTICATED", 2000)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    flood_size = 3000
+    if hard < 2 * flood_size + 1024:
+        pytest.skip("%d file descriptors at most here" % hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2 * flood_size + 1024), hard))
+    workers = ["algo-%d" % i for i in range(2, 10)]
+    server = control.MasterControl(0, workers, KEY)
+    flood = []
+    try:
+        links = [control.WorkerLink.connect("127.0.0.1", server.port, host, KEY,
+                                            time.monotonic() + 10) for host in workers[:4]]
+        for i in range(flood_size):
+            try:
+                sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+                flood.append(sock)
+                if i % 3 == 1:
+                    sock.sendall(b"not a control line\n")
+                elif i % 3 == 2:
+                    sock.sendall(b"x" * 1000)  # a line that never ends
+            except OSError:
+                pass  # closed at once past the cap: as it should
+        # Linked during the flood, and after it.
+        links += [control.WorkerLink.connect("127.0.0.1", server.port, host, KEY,
+                                             time.monotonic() + 10) for host in workers[4:]]
+        assert all(links), control.WorkerLink.last_error
+        assert server.wait_for_workers(time.monotonic() + 10) == []
+        got_abort = []
+        server.on_failure = lambda rank, host, code: server.broadcast(
+            {"type": "abort", "rank": rank, "host": host, "exit_code": code, "grace": 1})
+        assert bounded(lambda: control.send_once(
+            "127.0.0.1", server.port, KEY, {"type": "rank_exit", "rank": 3, "host": "algo-9",
+                                            "exit_code": 3, "stderr_tail": ""}),
+            30, "the exit's acknowledgement during the flood")
+        for link in links:
+            link.stream.sock.settimeout(30)
+            got_abort.append((link.receive() or {}).get("type"))
+        assert got_abort == ["abort"] * len(workers)
+        assert server.lost == [] and server.drops.count > 0
+    finally:
+        for sock in flood:
+            sock.close()
+        server.close()
 
 
 def deep_stacks(ranks, frames, name_len=60):

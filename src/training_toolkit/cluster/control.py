@@ -3,28 +3,31 @@ connects, and what each side does with a message.
 
 The master's `train` listens on a TCP port; each worker's `train` connects,
 says hello, and waits for the verdict. Each rank's wrapper reports its start
-(rank, host, pid) and its exit code to the master. When the master's `train`
-dies, the workers see the connection close (or the keepalive fail) and end
-their ranks.
+(rank, host, pid) and its exit code: on a worker, to its own host's `train`,
+which relays them over its link (rank_relay.py); on the master, and where a
+worker runs no `train` (an MPIJob's bare sshd), to the master on a
+connection of its own. When the master's `train` dies, the workers see the
+connection close (or the keepalive fail) and end their ranks.
 
 Every message is authenticated, in both directions, so that nothing else on
 the job's network can end the job, pose as a worker, or stop a worker's ranks:
 the key, the nonces and the MACs are the wire's (wire.py). Here:
 
-* Bounds. A connection must authenticate within AUTH_TIMEOUT_S of its
-  start, and at most MAX_UNAUTHENTICATED connections wait to (one thread
-  each); more are closed at once. (A line's own bounds are the wire's.)
+* Bounds. Those of a connection that has not authenticated yet are the
+  server's (server.py: one loop serves every connection); a line's own
+  bounds are the wire's.
 * Drops. A message that fails any check is dropped and logged (at most one
   line every DROP_LOG_INTERVAL_S, counting the rest); an unauthenticated
-  connection is closed; no handling thread dies of a bad message.
-* Acknowledged exits. A rank wrapper's `rank_exit` report is answered, once
-  the master has recorded it, with a `recorded` line MACed towards the
-  wrapper under the master's nonce of that connection (the wrapper has none
-  of its own), and the wrapper exits only after it (`send_once`). Its
-  launcher (mpirun, torchrun) learns of the rank's end from that exit, so it
-  can never end the job, or make a worker report its own failure, before the
-  master knows how the rank ended: the verdict names the rank's own exit
-  code however the hosts are scheduled.
+  connection is closed; nothing stops serving over a bad message.
+* Acknowledged exits. A rank's `rank_exit` report is answered, once the
+  master has recorded it, with a `recorded` line: MACed towards a wrapper
+  that reported directly under the master's nonce of that connection (the
+  wrapper has none of its own), or over a relaying host's link, whose
+  `train` answers the wrapper then. The wrapper exits only after it
+  (`send_once`). Its launcher (mpirun, torchrun) learns of the rank's end
+  from that exit, so it can never end the job, or make a worker report its
+  own failure, before the master knows how the rank ended: the verdict
+  names the rank's own exit code however the hosts are scheduled.
 
 What the master learns goes into its ledger (verdict.py), which
 MasterControl is.
@@ -32,9 +35,9 @@ MasterControl is.
 A 1-host job listens on loopback only; the master of a multi-host job on all
 interfaces, at TRAINING_TOOLKIT_CONTROL_PORT (default 7780).
 
-One concern in about 480 lines: the two ends of one connection protocol
-(the master's server and broadcasts, a worker's link, a rank's report),
-which share its bounds and its handling of a bad message.
+One concern: the two ends of one connection protocol (the master's
+handling and broadcasts, a worker's link, a rank's report), which share its
+handling of a bad message.
 """
 import os
 import socket
@@ -42,7 +45,8 @@ import threading
 import time
 
 from .. import backoff, log, params
-from . import wing_reports
+from . import rank_relay, wing_reports
+from .server import LISTEN_BACKLOG, ControlServer, _keepalive
 from .verdict import Ledger
 from .wire import TO_MASTER, TO_WORKER, Rejected, Stream, authenticate, nonce, parse, valid
 # `control.X` still names the wire's parts that peers are made of (the tests
@@ -51,15 +55,9 @@ from .wire import GREETING as GREETING, JOB_SECRET_ENV as JOB_SECRET_ENV
 from .wire import _mac as _mac, job_key as job_key, seal as seal
 
 CONTROL_PORT_ENV = params.CONTROL_PORT_ENV
-AUTH_TIMEOUT_S = 10.0
-MAX_UNAUTHENTICATED = 1024
 # A worker whose socket does not take a broadcast (an abort, the verdict)
 # within this long is dropped: the others never wait on it.
 SEND_DEADLINE_S = 5.0
-# The kernel takes net.core.somaxconn where that is lower: the largest backlog
-# the host allows, so that a burst of thousands of workers' connects is not
-# dropped (a dropped SYN is retried 1 s later, then 3 s).
-LISTEN_BACKLOG = 65535
 DROP_LOG_INTERVAL_S = 5.0
 # A rank's exit report waits for the master's acknowledgement this long at
 # most, connecting included. A master that is gone ends the wait at once
@@ -100,18 +98,10 @@ class DropLog:
             if unlogged else ""))
 
 
-def _keepalive(sock):
-    """Notice a vanished peer within 30 s even when no FIN arrives, but ride
-    out a network outage shorter than 25 s (5 unanswered probes, 5 s apart):
-    an idle link probed every 2 s died after 10 s, killing a healthy job."""
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 5)):
-        if hasattr(socket, name):
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
-
-
 def send_once(address, port, key, message, timeout=2.0):
-    """A rank wrapper's report, on a connection of its own. Never raises.
+    """A rank wrapper's report, on a connection of its own to `address`:
+    `port` (the master's), or to `address` alone where it is this host's
+    relay (rank_relay.py). Never raises.
 
     A report in ACKNOWLEDGED (`rank_exit`) returns only once the master said
     it recorded it, or when the master is gone, or at EXIT_REPORT_DEADLINE_S:
@@ -132,7 +122,7 @@ def send_once(address, port, key, message, timeout=2.0):
         return remaining
 
     try:
-        with socket.create_connection((address, port), timeout=left()) as sock:
+        with rank_relay.connect(address, port, timeout=left()) as sock:
             stream = Stream(sock, key, TO_MASTER, TO_WORKER, None)
             sock.settimeout(left())
             stream.read_greeting()
@@ -186,86 +176,51 @@ class Listening:
                 pass
 
 
-class MasterControl(Ledger, Listening):
+class MasterControl(Ledger, ControlServer):
     """The master's side: listens (on loopback only when there are no
-    workers), admits and authenticates each connection, registers the
-    workers, and enters every report in the job's ledger, which it is."""
+    workers), authenticates each connection, registers the workers, and
+    enters every report in the job's ledger, which it is. Every connection
+    is served by one loop (server.py)."""
 
     def __init__(self, port, workers, key, optional=()):
         super().__init__()
         self.workers = set(workers)
         self.optional = set(optional) - self.workers  # may join; not waited for
-        self.key = key
+        self._known_hosts = self.workers | self.optional
         self.links = {}          # worker host -> its Stream
         self.drops = DropLog()
         self._joined = threading.Condition()  # around `links`
-        self._unauthenticated = threading.BoundedSemaphore(MAX_UNAUTHENTICATED)
-        Listening.__init__(self, "" if self.workers or self.optional else "127.0.0.1", port,
-                           "control-accept")
+        ControlServer.__init__(self, "" if self._known_hosts else "127.0.0.1", port, key,
+                               "control-loop", expected=len(self._known_hosts))
 
-    def _admit(self, conn, peer):
-        if not self._unauthenticated.acquire(blocking=False):
-            self.drops.note(peer, "%d connections already wait to authenticate"
-                            % MAX_UNAUTHENTICATED)
-            conn.close()
-            return
-        try:
-            threading.Thread(target=self._serve, args=(conn, peer), daemon=True).start()
-        except RuntimeError:  # no thread to spare
-            self._unauthenticated.release()
-            conn.close()
+    def _dropped(self, peer, why):
+        self.drops.note(peer, why)
 
-    def _serve(self, conn, peer):
-        stream = Stream(conn, self.key, TO_WORKER, TO_MASTER, nonce())
-        # One deadline for the whole authentication (a per-read timeout would
-        # let a peer that trickles a byte at a time stay forever).
-        deadline = threading.Timer(AUTH_TIMEOUT_S, lambda: stream.received or stream.close())
-        deadline.daemon = True
-        deadline.start()
-        holds_place = True  # one of the MAX_UNAUTHENTICATED
+    def _message(self, conn, message):
+        stream = conn.stream
+        if not valid(message):
+            self.drops.note(conn.peer, "authenticated, but a malformed %r message"
+                            % message["type"][:40])
+        elif message["type"] == "hello":
+            conn.link = self._register(stream, message, conn.peer)
+        else:
+            self._handle(message)
+            if message["type"] in ACKNOWLEDGED:
+                # Recorded, and the fail-fast started: the rank's wrapper may
+                # exit now. It has no nonce of its own when it reports on a
+                # connection of its own (`send_once`); its host's `train`
+                # relays the answer when it came over that host's link.
+                recorded = {"type": "recorded", "rank": message["rank"]}
+                self.reply(conn, recorded, acknowledge=stream.peer_nonce is None)
 
-        def done_waiting():
-            nonlocal holds_place
-            deadline.cancel()
-            if holds_place:
-                holds_place = False
-                self._unauthenticated.release()
-
-        try:
-            _keepalive(conn)
-            stream.greet()
-            while True:
-                try:
-                    message = stream.receive()
-                except Rejected as e:
-                    self.drops.note(peer, e)
-                    if e.fatal or not stream.received:
-                        break
-                    continue
-                if message is None:
-                    break
-                done_waiting()  # authenticated: may stay for the whole job
-                if not valid(message):
-                    self.drops.note(peer, "authenticated, but a malformed %r message"
-                                    % message["type"][:40])
-                elif message["type"] == "hello":
-                    self._register(stream, message, peer)
-                else:
-                    self._handle(message)
-                    if message["type"] in ACKNOWLEDGED and stream.peer_nonce is None:
-                        # A rank wrapper's report (not a worker's link): it
-                        # is recorded, and the fail-fast started; the
-                        # wrapper may exit now.
-                        stream.acknowledge({"type": "recorded", "rank": message["rank"]})
-        except OSError:
-            pass
-        done_waiting()  # authenticated or gone: either way its place is free
+    def _closed_link(self, conn):
         # A worker whose link closes before the verdict has lost its `train`.
+        if conn.link is None or self._closed:
+            return
         with self._joined:
-            lost = [h for h, s in self.links.items() if s is stream]
-        stream.close()
-        if lost and not self._closed:
-            self.worker_lost(lost[0])
+            lost = self.links.get(conn.link) is conn.stream
+        if lost:
+            self.worker_lost(conn.link)
 
     def _register(self, stream, hello, peer):
         if "node_rank" in hello:  # a roster join (roster.py) come late: the roster is out
@@ -282,13 +237,14 @@ class MasterControl(Ledger, Listening):
         with self._joined:
             self.links[host] = stream
             self._joined.notify_all()
-        stream.send({"type": "welcome"})
+        stream.send({"type": "welcome"})  # the first line on its socket: never waits
+        return host
 
     def _known(self, host):
         """The worker `host` names: itself, or the one host whose name
         without its domain it is (an MPIJob worker knows its pod name, the
         hostfile its FQDN)."""
-        known = self.workers | self.optional
+        known = self._known_hosts
         if host in known:
             return host
         matches = [h for h in known if h.partition(".")[0] == host]
@@ -331,10 +287,13 @@ class MasterControl(Ledger, Listening):
         `_joined`, which is notified); returns the hosts still missing."""
         with self._joined:
             while True:
-                missing = sorted(self.workers - set(entered))
                 left = deadline - time.monotonic()
-                if not missing or left <= 0:
-                    return missing
+                # Counted first: woken by each of thousands of joins, the
+                # waiter compares the sets only when they may be whole.
+                if len(entered) >= len(self.workers) or left <= 0:
+                    missing = sorted(self.workers - set(entered))
+                    if not missing or left <= 0:
+                        return missing
                 self._joined.wait(min(left, 0.5))
 
     def linked_hosts(self):
@@ -379,11 +338,9 @@ class MasterControl(Ledger, Listening):
                 stream.close()
 
     def close(self):
-        self.stop_listening()
+        self.close_server()
         with self._joined:
-            links, self.links = list(self.links.values()), {}
-        for stream in links:
-            stream.close()
+            self.links = {}
 
 
 class Refused(Exception):

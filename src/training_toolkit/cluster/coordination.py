@@ -13,6 +13,7 @@ import threading
 import time
 
 from . import control, wing_reports, wire
+from .rank_relay import RankRelay
 from .. import log
 from ..errors import ClusterError
 from ..supervise import Outcome
@@ -271,10 +272,13 @@ class JobWorker:
     its verdict. Losing the master ends the local ranks."""
 
     def __init__(self, master, port, host, deadline, stop_local, grace, key, reporter,
-                 dump_here=None, hosts=1):
+                 dump_here=None, rank_env=None, hosts=1):
         """`dump_here(on_demand)`: this host's ranks' stacks, when the master
-        asks for them (a hang, or SIGQUIT on the master); `hosts`: how many
-        the job has (its connect's backoff grows with them)."""
+        asks for them (a hang, or SIGQUIT on the master). `rank_env(address)`:
+        where this host's rank wrappers report (its relay, rank_relay.py),
+        given before this host joins, so before any of its ranks can start;
+        None where no wrapper runs here. `hosts`: how many the job has (its
+        connect's backoff grows with them)."""
         self.master = master
         self.host = host
         self.dump_here = dump_here
@@ -285,9 +289,26 @@ class JobWorker:
         self.lost = False
         self.told_to_stop = False  # the master stopped the job (SIGTERM on it)
         self._done = threading.Event()
+        self.relay = None
+        if rank_env is not None:
+            self.relay = RankRelay(key, control.EXIT_REPORT_DEADLINE_S)
+            rank_env(self.relay.address)
         try:
-            self.link = control.WorkerLink.connect(master, port, host, key, deadline,
-                                                   hosts=hosts)
+            self.link = self._join(master, port, host, key, deadline, hosts)
+        except BaseException:
+            if self.relay is not None:
+                self.relay.end()
+            raise
+        self._send = self.link.send  # one bound method, to detach the same
+        wing_reports.JOB.attach(self._send)
+        if self.relay is not None:
+            self.relay.attach(self._send)
+        threading.Thread(target=self._follow, name="follow-master", daemon=True).start()
+
+    @staticmethod
+    def _join(master, port, host, key, deadline, hosts):
+        try:
+            link = control.WorkerLink.connect(master, port, host, key, deadline, hosts=hosts)
         except control.Refused as e:
             raise ClusterError(
                 "the master %s refused this host (%s) on its control port %d (%s): the hosts "
@@ -296,18 +317,18 @@ class JobWorker:
                 % (master, host, port, e, "input/config/resourceconfig.json",
                    " and ".join("input/config/" + f for f in wire.KEYED_CONFIG_FILES),
                    wire.JOB_SECRET_ENV)) from None
-        if self.link is None:
+        if link is None:
             raise ClusterError("could not reach the master %s on port %d before the deadline: "
                                "%s" % (master, port, control.WorkerLink.last_error))
-        self._send = self.link.send  # one bound method, to detach the same
-        wing_reports.JOB.attach(self._send)
-        threading.Thread(target=self._follow, name="follow-master", daemon=True).start()
+        return link
 
     def _follow(self):
         try:
             self._follow_until_the_end()
         finally:
             wing_reports.JOB.detach(self._send)
+            if self.relay is not None:
+                self.relay.end()
             self._done.set()
 
     def _follow_until_the_end(self):
@@ -328,6 +349,8 @@ class JobWorker:
                 self.told_to_stop = True
                 self.stop_local(msg.get("signal", signal.SIGTERM),
                                 msg.get("grace", self.grace))
+            elif kind == "recorded" and self.relay is not None:
+                self.relay.recorded(msg.get("rank"))
             elif kind == "abort":
                 self.verdict = msg
                 self.stop_local(signal.SIGTERM, msg.get("grace", ABORT_GRACE_S))

@@ -28,7 +28,7 @@ import os
 import signal
 import sys
 
-CONTROL_ENV = "TRAINING_TOOLKIT_CONTROL"    # master address:port for reports
+CONTROL_ENV = "TRAINING_TOOLKIT_CONTROL"  # where reports go: master:port, or a relay
 RANKS_DIR_ENV = "TRAINING_TOOLKIT_RANKS_DIR"  # where this host's rank pids go
 CWD_ENV = "TRAINING_TOOLKIT_RANK_CWD"  # with --own-host: where the program runs
 TORCHELASTIC_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
@@ -146,22 +146,29 @@ def main(argv=None):
         cwd = env.get(CWD_ENV) or None
     rank = rank_of(os.environ)
     host = env.get("SM_CURRENT_HOST", "localhost")
-    address, _, port = env.get(CONTROL_ENV, "").rpartition(":")
 
     from .. import params, proctree
+    from . import rank_relay
     from .control import send_once
     from .wire import job_key
     from ..job.paths import JobPaths
     from ..supervise import Supervisor
 
+    # The master's `address:port`, or this host's relay (its `train`'s).
+    report_to = env.get(CONTROL_ENV, "")
+    if report_to.startswith(rank_relay.ADDRESS_PREFIX):
+        address, port = report_to, None
+    else:
+        address, _, port = report_to.rpartition(":")
+        port = int(port) if port.isdigit() else None
     key = None
-    if address and port:
+    if address and (port or address.startswith(rank_relay.ADDRESS_PREFIX)):
         config_dir = env.get("SM_INPUT_CONFIG_DIR") or JobPaths.from_environ(env).input_config_dir
         key = job_key(config_dir, env, env.get(params.JOB_IDENTITY_ENV))
 
     def report(message):
         if key is not None:
-            send_once(address, int(port), key, message)
+            send_once(address, port, key, message)
 
     grace = params.setting(env, params.GRACE_ENV)  # checked by this host's `train`
     supervisor = Supervisor(grace)

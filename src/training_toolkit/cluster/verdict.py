@@ -79,7 +79,9 @@ class Ledger:
     def wait_for_stacks(self, hosts, deadline):
         """{rank: summary} of every host of `hosts` that sent its stacks by `deadline`."""
         with self._cond:
-            self._cond.wait_for(lambda: set(hosts) <= set(self.stacks),
+            # Counted first: woken by each of thousands of replies.
+            self._cond.wait_for(lambda: len(self.stacks) >= len(hosts)
+                                and set(hosts) <= set(self.stacks),
                                 max(deadline - time.monotonic(), 0))
             return {int(r): s for h in hosts for r, s in self.stacks.get(h, {}).items()}
 
@@ -121,8 +123,12 @@ class Ledger:
         return failure
 
     def _fail_fast(self, failure):
-        if failure is not None:  # outside the condition: the hook stops processes
-            self.on_failure(*failure)
+        # Outside the condition, in a thread of its own: the hook broadcasts
+        # and stops processes, and the control loop that entered the
+        # failure goes on serving every other host meanwhile.
+        if failure is not None:
+            threading.Thread(target=self.on_failure, args=failure, name="fail-fast",
+                             daemon=True).start()
 
     def exited_ranks(self):
         """The ranks that reported their exit."""

@@ -181,14 +181,17 @@ class Stream:
     """One side of an authenticated connection: what it sends is MACed under
     the peer's nonce, what it reads must be MACed under its own."""
 
-    def __init__(self, sock, key, outgoing, incoming, own_nonce):
+    def __init__(self, sock, key, outgoing, incoming, own_nonce, framed=True):
+        """`framed`: this stream reads its own lines (`receive`); else an
+        event loop reads them and hands each to `take`, and owns the socket:
+        `close` only shuts it down, so that the loop sees its end."""
         self.sock = sock
         self.key = key
         self.outgoing, self.incoming = outgoing, incoming
         self.own_nonce = own_nonce
         self.peer_nonce = None
         self.sent = self.received = 0
-        self._reader = sock.makefile("rb")
+        self._reader = sock.makefile("rb") if framed else None
         self._lock = threading.Lock()
         self._unsent = b""  # the end of a line a broadcast could not send at once
 
@@ -236,8 +239,11 @@ class Stream:
         """The next authentic message, None at the end of the stream; raises
         Rejected for a line that is not one (the stream goes on unless fatal)."""
         line = self.read_line()
-        if not line:
-            return None
+        return self.take(line) if line else None
+
+    def take(self, line):
+        """The authentic message `line` (its newline included) holds; raises
+        Rejected for one that is not."""
         body = authenticate(self.key, self.incoming, self.own_nonce, self.received, line)
         self.received += 1  # the sender counted it, whatever it holds
         return parse(body)
@@ -251,6 +257,14 @@ class Stream:
             self._unsent, unsent = b"", self._unsent + line
             self.sock.sendall(unsent)
 
+    def acknowledge_without_waiting(self, message):
+        """`acknowledge`, queued as `send_without_waiting` queues."""
+        with self._lock:
+            line = seal(self.key, self.outgoing, self.own_nonce, self.sent, message)
+            self.sent += 1
+            self._unsent += line
+            return self._flush_now()
+
     def greet(self):
         self.sock.sendall(GREETING + b" " + self.own_nonce + b"\n")
 
@@ -261,8 +275,16 @@ class Stream:
         self.peer_nonce = words[1]
 
     def close(self):
-        for end in (lambda: self.sock.shutdown(socket.SHUT_RDWR), self.sock.close):
-            try:
-                end()
-            except OSError:
-                pass
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        if self._reader is not None:
+            self.release()
+
+    def release(self):
+        """Free the socket (its owner's call, once it is done with it)."""
+        try:
+            self.sock.close()
+        except OSError:
+            pass

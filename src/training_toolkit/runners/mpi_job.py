@@ -208,8 +208,6 @@ class MpiJob:
     # -- worker --------------------------------------------------------------
     def run_worker(self):
         operator = operator_launched(self.env)
-        if not operator:
-            self._write_rank_env("%s:%d" % (self.settings.master, self.settings.control_port))
 
         def start_sshd():
             self.sshd_pid = ssh.start_sshd(self.supervisor,
@@ -224,7 +222,10 @@ class MpiJob:
                 self.settings.master, self.settings.control_port, self.env.current_host,
                 self.deadline, self._stop_local_ranks, self.supervisor.grace_seconds,
                 self._control_key(), self.reporter, self.dump_here,
-                hosts=len(self.settings.hosts))
+                hosts=len(self.settings.hosts),
+                # This host's ranks report to its `train`, which relays; an
+                # operator's ranks get where to report from mpirun.
+                rank_env=None if operator else self._write_rank_env)
             self._hooks.enter_context(self.supervisor.job_hooks(
                 dump=lambda: self.dump_here(True)))
             if operator:  # joined first: the launcher, which waits for sshd only, then

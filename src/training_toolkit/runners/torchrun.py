@@ -173,9 +173,13 @@ def run(launch, supervisor, env, reporter):
         finally:
             coordinator.close()
     log.info("worker %s: waiting for the master %s" % (env.current_host, settings.master))
+
+    def report_here(address):  # this host's ranks report to its `train`, which relays
+        launch.command.env[rank_wrapper.CONTROL_ENV] = address
+
     worker = JobWorker(settings.master, settings.control_port, env.current_host, deadline,
                        local, supervisor.grace_seconds,
-                       control.job_key_for(env), reporter, dump_here,
+                       control.job_key_for(env), reporter, dump_here, rank_env=report_here,
                        hosts=len(settings.hosts))
     with supervisor.job_hooks(terminate=lambda sig: local(sig, supervisor.stop_window()),
                               dump=lambda: dump_here(True)):
