@@ -1,35 +1,129 @@
 """The control plane with many hosts: a swarm of simulated workers against a real master.
 
-What is real: the master's `train` (this working tree's), running a real job
-of the process runner (its own rank: a script that waits), its control port,
-its key and the wire. What is simulated: the other N-1 hosts. A few swarm
-processes each hold many of them, one thread each, every one speaking the
-real protocol with the project's own worker-side code (control.WorkerLink,
-authenticated with the job's key derived from the same config): it connects
-(retrying while the master starts), says hello, reports its rank's start,
-and waits for the verdict.
+What is real: the master's `train` (this working tree's: `python -m training_toolkit` with
+the tree's src/ first on PYTHONPATH) on host algo-1, running a real job of the process
+runner, with its one real rank (rank 0: a script that rewrites its heartbeat file every
+0.5 s until it is stopped, and ends at once with 0 in a restart's second attempt), its
+control port, its key, the wire, its hang watchdog and its restart loop. What is simulated:
+the other N-1 hosts, with 8 ranks each (host algo-(i+1) runs ranks 8i .. 8i+7). Swarm
+processes hold them, a thread per host, each speaking the real protocol with the project's
+own worker-side code: control.WorkerLink, authenticated with the job's key derived from the
+same config, and for a restart rejoin.rejoin, as a worker's `train` calls it. A host
+connects (retrying while the master starts), says hello, reports its 8 ranks' starts over
+its link, and follows the master as JobWorker does: its ranks' stacks on a `dump`, then the
+abort, then the verdict. A `recorded` acknowledgement of a rank's exit on the link is taken
+in stride (its time is kept).
 
-Per N (--hosts), one run:
-  start      the master's `train` started -> every simulated worker welcomed
-  fail-fast  the last host's rank reports exit 3 -> every simulated worker
-             has the master's abort
-  master     its peak RSS (VmHWM), its thread count at the end of the start,
-             its CPU seconds; the swarm's CPU seconds beside them
-  refused    connects the swarm saw refused, reset or closed by the master
+Scenarios (--scenarios; a master run each, per N). Every run also measures its start: the
+master's `train` started -> every simulated worker welcomed; and its join: the first
+simulated worker welcomed -> the last (the control port taking every host once it listens;
+each host retries at most 0.1 s apart, as WorkerLink does).
+  start,     one run: the last host's last rank reports exit 3 over its host's link ->
+  fail-fast  every simulated worker has the master's abort. The tables' start is this run's.
+  hang       the master runs with TRAINING_TOOLKIT_HANG_TIMEOUT_S=T (--hang-timeout). One
+             rank of the last host goes silent: T s later its host sends the `hang` report
+             its rank wrapper's watchdog would send; the master broadcasts `dump`, every
+             host answers with its 8 ranks' stack summaries (resilience/stacks.py's
+             format, 150 frames each, bounded by `fit` as JobWorker bounds them), and the
+             master decides and broadcasts the abort. Measured: the silence's start ->
+             every simulated worker has the abort ("hang verdict"), and that minus T.
+             Checked: the master exits with the hang exit code; its verdict names the
+             silent rank. The silent rank waits in its data loader, its peers in
+             all_reduce, and the master's real rank in its script: three kinds of stack,
+             so the master has no odd one out to wait for (resilience/hang.py `decide`
+             names the only rank reported hung).
+  restart    the master runs with TRAINING_TOOLKIT_RESTARTS=1 and a backoff of
+             RESTART_BACKOFF_S; the fail-fast's failure. After the verdict every host
+             waits out the backoff the verdict carries and rejoins the master as a
+             worker's `train` does (rejoin.rejoin). Measured: the failure's report ->
+             every simulated host has the verdict, and -> every simulated host has its
+             `go` ("restart go", the backoff included). Then the second attempt runs to
+             its end: every host connects again, reports its ranks' starts and their
+             exits (0); the master's rank exits 0. Checked: the master and every host's
+             verdict say 0.
 
-Side by side, torch's TCPStore (libuv) with N clients in the same number of
-processes: connect all, a barrier (add, and the last sets the key every
-client waits for), and a broadcast (the master sets a key every client gets).
+Per run also: the master's peak RSS (VmHWM), its threads at the end of the start, its CPU
+seconds (its rank's included), the swarm's CPU seconds (the swarm shares the machine's CPUs
+with the master, which on a cluster has its own: its retries while the master starts cost
+the master time here that they would not cost there); the connects that failed, by kind:
+refused (ECONNREFUSED: mostly the tries before the master listens, at its start and between
+attempts: retried, as a worker's `train` retries), reset (ECONNRESET, EPIPE), timed out,
+closed by the master (it hung up before or on the hello, or closed the link before the
+verdict); and the hosts that never got in. (A rejoin's own retries stay inside
+rejoin.rejoin; a host that could not rejoin is counted apart.)
 
-    python3 bench/bench_scale.py [--hosts 256,1024] [--procs 8]
+Side by side (unless --no-tcpstore), with the start and fail-fast scenario: torch's
+TCPStore (libuv) with N clients in as many client processes as the swarm has, and the
+master store in a process of its own, as our master is: every client connected, past a
+barrier (add, and the last sets the key every client waits for), and a broadcast (the
+master sets a key every client gets). Its connect (its clients start once the store
+listens) is set beside our join, its connect+barrier beside our start, its broadcast beside
+our fail-fast.
 
-Runs as root on the machine itself (loopback; no namespaces: the simulated
-hosts are names in resourceconfig.json, not hosts). One rank per host.
+TCPStore and DNS (why its clients took 30 s to connect at 256 hosts in the first baseline).
+torch 2.13 names each peer with getnameinfo() without NI_NUMERICHOST, a reverse DNS lookup:
+a client once connected (SocketImpl's `remote`), and the master store for each connection
+it accepts (LibUVStoreDaemon::onConnect, on its one event-loop thread, one after the
+other). The peers are IPv4-mapped IPv6 addresses (::ffff:127.0.0.1), which glibc does not
+find in /etc/hosts, so each is a PTR query to the DNS server. (No hostname is resolved: not
+the local one, not "localhost".) This machine's DNS server answers NXDOMAIN within a
+millisecond, but drops UDP queries that come faster than it allows (a few tens in 0.1 s: a
+burst of clients, or the master store's own lookups back to back); glibc waits 5 s for a
+dropped one and asks again, and a stall on the master store's loop holds every connection
+behind it. Measured apart: 64 clients, 10 s; with the master store listening on an IPv4
+socket (its lookups then answered from /etc/hosts), 10 s at 256 (the clients' drops); with
+the clients' lookups gone, the master store's alone, over 20 s at 256 and about 100 s at
+1,024. Only a lookup that fails outright (EAI_AGAIN, -3: "The hostname of the client socket
+cannot be retrieved") makes torch stop looking names up, for the rest of that process
+(pytorch#159007). So the TCPStore processes run with RES_OPTIONS=use-vc, which glibc
+honours: DNS over TCP. Where the DNS server takes TCP, every lookup is made and answered,
+none dropped; here port 53 over TCP is not a DNS server (it answers HTTP 400), so each
+process's first lookup fails at once and torch names its peers by address from then on.
+Neither side then waits on DNS (ours looks up no names): the comparison of the two control
+planes. Left out of TCPStore's figures, and its own cost on a cluster: a reverse lookup per
+connection, the master store's one after the other on its event loop, N round trips to
+the DNS server and under that server's rate limit.
+
+What the system needs, at N hosts (all on loopback here; the master, the swarm and the
+TCPStore processes all raise their soft RLIMIT_NOFILE to the hard one, which this script
+does and they inherit):
+  * descriptors: a hard RLIMIT_NOFILE over N + 100 (the master and the master store hold a
+    socket per host; a swarm process one per host it holds);
+  * net.core.somaxconn and net.ipv4.tcp_max_syn_backlog of N or more: the master listens
+    with a backlog of 65535, which the kernel cuts to somaxconn; a SYN dropped from a full
+    queue is retried 1 s later, then 3 s;
+  * ephemeral ports: net.ipv4.ip_local_port_range wider than N plus the connections in
+    TIME_WAIT from the run before (restart opens three per host: the attempt, the rejoin,
+    the next attempt; net.ipv4.tcp_tw_reuse=2, the default, reuses them on loopback);
+  * threads: the master holds a thread per connection (two while it authenticates) and the
+    swarm a thread per host, so kernel.pid_max and kernel.threads-max over 3N (pid_max is
+    32768 on many machines: 16,384 hosts need it raised), and memory for them (the swarm's
+    threads have 512 KiB stacks). At large N the swarm uses more processes: at most
+    THREADS_PER_SWARM_PROCESS hosts each.
+
+What the job allows: the master's `train` refuses a job of more than about 2,200 hosts
+named algo-N (exit 78, before it listens): the user's process would get SM_TRAINING_ENV
+(the SageMaker contract's one variable with the whole environment) at about 58 bytes a host,
+the host list in it several times over, past Linux's 128 KiB for one environment string
+(MAX_ARG_STRLEN; job/checks.py `check_exec_limits`). At 4,096 hosts and more ours is then
+that refusal, with the master's own words in the run's JSON line; TCPStore runs regardless.
+
+    python3 bench/bench_scale.py [--hosts 256,1024] [--procs 8] [--no-tcpstore]
+        [--scenarios start,fail-fast,hang,restart] [--hang-timeout 5] [--json FILE]
+
+Runs as root on the machine itself (loopback; no namespaces: the simulated hosts are names
+in resourceconfig.json, not hosts). Prints a JSON line per run (also to --json FILE, which
+bench/scale_chart.py draws), then the tables. Times are measured, never asserted.
 """
 import argparse
+import collections
+import datetime
 import json
+import math
 import multiprocessing
 import os
+import resource
+import socket
 import subprocess
 import sys
 import threading
@@ -37,155 +131,466 @@ import time
 
 import common
 
-from training_toolkit.cluster import control
+from training_toolkit import backoff, params
+from training_toolkit.cluster import control, rejoin, wire
+from training_toolkit.errors import ClusterError
 from training_toolkit.job.paths import JobPaths
 from training_toolkit.rehearsal.jobtree import write_job_tree
+from training_toolkit.resilience.stacks import fit
 
+MASTER_ADDRESS = "127.0.0.1"
 PORT = 7791
 STORE_PORT = 7792
-WAITING_RANK = "import time\ntime.sleep(600)\n"
+SCENARIOS = ("start", "fail-fast", "hang", "restart")
+RANKS_PER_HOST = 8
+STACK_FRAMES = 150
+RESTART_BACKOFF_S = 0.2
+THREADS_PER_SWARM_PROCESS = 1024
+# 16,384 threads at Python's default 8 MiB of stack would reserve 128 GiB of address space.
+THREAD_STACK_BYTES = 512 * 1024
+CONNECT_DEADLINE_S = 300.0
+RUN_DEADLINE_S = 600.0
+HANG_EXIT_CODE = params.setting({}, params.HANG_EXIT_CODE_ENV)
+# What each scenario's master is to exit with.
+EXPECTED_EXIT = {"fail-fast": 3, "hang": HANG_EXIT_CODE, "restart": 0}
+# glibc's resolver over TCP in the TCPStore processes (the module docstring says why).
+TCPSTORE_RES_OPTIONS = "use-vc"
+
+MASTER_RANK = '''\
+"""The master's own rank: alive, its heartbeat file rewritten every 0.5 s (the hang
+watchdog's progress), until it is stopped (or 10 minutes passed); in a restart's second
+attempt it ends at once."""
+import os
+import time
+
+if int(os.environ.get("TRAINING_TOOLKIT_RESTART_COUNT") or 0) > 0:
+    raise SystemExit(0)
+heartbeat = os.environ.get("TRAINING_TOOLKIT_HEARTBEAT_FILE")
+for step in range(1200):
+    if heartbeat:
+        with open(heartbeat, "w") as f:
+            f.write("step=%d phase=train\\n" % step)
+    time.sleep(0.5)
+'''
+
+# Stacks as resilience/stacks.py summarises them (the main thread's functions, innermost
+# first), STACK_FRAMES deep: a rank in all_reduce in its backward pass, the silent one in
+# its data loader, each under a deep model's frames and the script's own.
+_SCRIPT_FRAMES = ["train_step", "train", "main", "<module>"]
+_ALL_REDUCE_FRAMES = ["all_reduce", "wrapper", "allreduce_hook", "_run_ddp_comm_hook",
+                      "_engine_run_backward", "backward", "backward"]
+_DATA_LOADER_FRAMES = ["wait", "get", "_try_get_data", "_get_data", "_next_data", "__next__",
+                       "fetch"]
+
+
+def _stack(inner):
+    model = ["forward", "_call_impl", "_wrapped_call_impl"] * STACK_FRAMES
+    return inner + model[:STACK_FRAMES - len(inner) - len(_SCRIPT_FRAMES)] + _SCRIPT_FRAMES
+
+
+ALL_REDUCE_STACK = _stack(_ALL_REDUCE_FRAMES)
+DATA_LOADER_STACK = _stack(_DATA_LOADER_FRAMES)
+
+
+def host_ranks(index):
+    """The ranks of the host at `index` in the job's hosts: 8 x index .. 8 x index + 7."""
+    return list(range(index * RANKS_PER_HOST, (index + 1) * RANKS_PER_HOST))
+
+
+def raise_fd_limit():
+    """The soft RLIMIT_NOFILE up to the hard one (the master, the swarm and the TCPStore
+    processes inherit it); returns it."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
 
 
 # -- the swarm ------------------------------------------------------------------
 
-def swarm_process(hosts, port, key, out, go_fail, failing_host, joined):
-    """One swarm process: a thread per simulated host. Writes to `out` (a
-    multiprocessing queue) its per-host times and counts, and its CPU time."""
-    results, lock = [], threading.Lock()
+# `trigger`: the failure, or the silence, starts now; `joined`: hosts in so far; `stop`:
+# the master is gone, so connecting is pointless.
+SwarmPlan = collections.namedtuple(
+    "SwarmPlan", "scenario hosts key trigger joined stop hang_timeout_s")
 
-    def host_life(host, rank):
-        record = {"host": host, "refused": 0}
-        try:
-            link = control.WorkerLink.connect("127.0.0.1", port, host, key,
-                                              time.monotonic() + 300)
-        except control.Refused:
-            record["refused"] += 1
-            link = None
+
+def connect_error_kind(error):
+    if isinstance(error, ConnectionRefusedError):
+        return "refused"
+    if isinstance(error, (ConnectionResetError, BrokenPipeError)):
+        return "reset"
+    if isinstance(error, (socket.timeout, TimeoutError)):
+        return "timeout"
+    # The master closed the connection before its greeting (over MAX_UNAUTHENTICATED).
+    return "closed" if isinstance(error, ConnectionError) else "other"
+
+
+class SimulatedHost:
+    """One simulated worker host: what its `train` and its 8 ranks' wrappers say to the
+    master, over its link; `record` holds when each thing happened (wall clock) and the
+    failed connects by kind."""
+
+    def __init__(self, plan, index):
+        self.plan = plan
+        self.name = plan.hosts[index]
+        self.ranks = host_ranks(index)
+        self.faulty = index == len(plan.hosts) - 1  # its last rank fails, or falls silent
+        self.errors = collections.Counter()
+        self.record = {"host": self.name, "errors": self.errors}
+        # WorkerLink.connect keeps its last error on the class, which the threads of a
+        # swarm process share: each host connects through a subclass of its own.
+        self.link_class = type("HostLink", (control.WorkerLink,), {})
+
+    def live(self):
+        link = self.join("welcomed")
         if link is None:
-            record["error"] = str(control.WorkerLink.last_error)
-        else:
-            record["welcomed"] = time.time()
-            with joined.get_lock():
-                joined.value += 1
-            link.send({"type": "rank_start", "rank": rank, "host": host, "pid": os.getpid()})
-            if host == failing_host:
-                go_fail.wait()
-                record["failed_at"] = time.time()
-                link.send({"type": "rank_exit", "rank": rank, "host": host, "exit_code": 3})
+            return
+        with self.plan.joined.get_lock():
+            self.plan.joined.value += 1
+        if self.faulty and self.plan.scenario in ("fail-fast", "restart"):
+            self.plan.trigger.wait()
+            self.record["failed_at"] = time.time()
+            link.send({"type": "rank_exit", "rank": self.ranks[-1], "host": self.name,
+                       "exit_code": 3})
+        elif self.faulty and self.plan.scenario == "hang":
+            self.plan.trigger.wait()
+            self.go_silent(link)
+        verdict = self.follow(link, "first")
+        next_attempt = (verdict or {}).get("next") or {}
+        if self.plan.scenario == "restart" and next_attempt.get("restart"):
+            self.restart(next_attempt)
+
+    def join(self, stage):
+        """Connect, and report this host's ranks' starts; the link, or None."""
+        link = self.connect()
+        if link is None:
+            self.record["not_joined"] = str(self.link_class.last_error)
+            return None
+        self.record[stage] = time.time()
+        for rank in self.ranks:
+            link.send({"type": "rank_start", "rank": rank, "host": self.name,
+                       "pid": os.getpid()})
+        return link
+
+    def connect(self):
+        """WorkerLink.connect, one try at a time at the pace it retries at itself, so that
+        each failed try is counted by its kind; None once CONNECT_DEADLINE_S passed or the
+        master is gone."""
+        for _ in backoff.attempts(time.monotonic() + CONNECT_DEADLINE_S, first=0.05, most=0.1,
+                                  factor=1.5):
+            if self.plan.stop.is_set():
+                break
+            try:
+                link = self.link_class.connect(MASTER_ADDRESS, PORT, self.name, self.plan.key,
+                                               time.monotonic())
+            except control.Refused:
+                self.errors["closed"] += 1
+                continue
+            if link is not None:
+                return link
+            self.errors[connect_error_kind(self.link_class.last_error)] += 1
+        return None
+
+    def go_silent(self, link):
+        """The last rank falls silent now; its wrapper's watchdog reports it T s later."""
+        silent_at = self.record["silent_at"] = time.time()
+        time.sleep(self.plan.hang_timeout_s)
+        link.send({"type": "hang", "rank": self.ranks[-1], "host": self.name, "phase": "train",
+                   "silent_s": round(time.time() - silent_at, 2), "reason": "no progress",
+                   "detected_at": time.time(), "timeout_s": self.plan.hang_timeout_s})
+
+    def stacks(self):
+        """The answer to a `dump`, as JobWorker._dump sends it: each rank's summary (as
+        hang.dump makes it), fitted within the line an authentic peer may send."""
+        silent = self.ranks[-1] if self.faulty else None
+        summaries = {str(rank): {
+            "top": "train.py:%d in train_step" % (131 if rank == silent else 212),
+            "signature": DATA_LOADER_STACK if rank == silent else ALL_REDUCE_STACK,
+            "answered": True, "host": self.name,
+            "path": "/opt/ml/output/data/hang/%s/rank-%d.txt" % (self.name, rank)}
+            for rank in self.ranks}
+        return {"type": "stacks", "host": self.name,
+                "ranks": fit(summaries, wire.MAX_AUTHENTIC_LINE - 4096)}
+
+    def follow(self, link, attempt):
+        """Follow the master until its verdict (returned), as JobWorker does; None if the
+        link closed first. Recorded: `<attempt>_abort` (the first abort or verdict),
+        `<attempt>_verdict_at` and the verdict's exit code, rank and host."""
+        try:
             while True:
                 message = link.receive()
                 if message is None:
-                    record.setdefault("closed_before_verdict", True)
-                    break
-                if message.get("type") in ("abort", "verdict"):
-                    record.setdefault("abort", time.time())
-                if message.get("type") == "verdict":
-                    break
+                    self.errors["closed"] += 1
+                    return None
+                kind = message.get("type")
+                if kind == "recorded":
+                    self.record.setdefault("recorded", time.time())
+                elif kind == "dump" and not message.get("on_demand"):
+                    link.send(self.stacks())
+                elif kind in ("abort", "verdict"):
+                    self.record.setdefault(attempt + "_abort", time.time())
+                    if kind == "verdict":
+                        self.record[attempt + "_verdict_at"] = time.time()
+                        self.record[attempt + "_verdict"] = {
+                            k: message.get(k) for k in ("exit_code", "rank", "host")}
+                        return message
+        finally:
             link.close()
-        with lock:
-            results.append(record)
 
-    threads = [threading.Thread(target=host_life, args=(h, r), daemon=True) for h, r in hosts]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(600)
+    def restart(self, decision):
+        """As a worker's `train` after a failed attempt: the backoff, the rejoin, then
+        the next attempt, whose ranks all end with 0."""
+        time.sleep(decision["backoff_s"])
+        try:
+            rejoin.rejoin(MASTER_ADDRESS, self.plan.hosts, self.name, PORT, self.plan.key,
+                          decision["attempt"])
+        except ClusterError as e:
+            self.record["not_rejoined"] = str(e)
+            return
+        self.record["go"] = time.time()
+        link = self.join("welcomed_again")
+        if link is None:
+            return
+        for rank in self.ranks:
+            link.send({"type": "rank_exit", "rank": rank, "host": self.name, "exit_code": 0})
+        self.follow(link, "second")
+
+
+def swarm_process(plan, indices, out):
+    """One swarm process: a thread per simulated host. Puts on `out` (a multiprocessing
+    queue) every host's record and the process's CPU seconds."""
+    threading.stack_size(THREAD_STACK_BYTES)
+    hosts = [SimulatedHost(plan, index) for index in indices]
+    threads = [threading.Thread(target=host.live, daemon=True) for host in hosts]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + RUN_DEADLINE_S
+    for thread in threads:
+        thread.join(max(deadline - time.monotonic(), 0))
     usage = os.times()
-    out.put({"records": results, "cpu_s": usage.user + usage.system})
+    out.put({"records": [host.record for host in hosts], "cpu_s": usage.user + usage.system})
 
 
-def run_ours(n, procs, root):
-    hosts = ["algo-%d" % i for i in range(1, n + 1)]
-    base = os.path.join(root, "ours-%d" % n)
-    code = os.path.join(base, "code")
-    os.makedirs(code, exist_ok=True)
-    common.write(os.path.join(code, "wait.py"), WAITING_RANK)
-    write_job_tree(base, "wait.py", code, hosts=hosts, current_host="algo-1")
-    paths = JobPaths(base)
-    from training_toolkit.cluster.wire import job_key
+def swarm_size(n, procs):
+    """Swarm processes for N hosts: `procs`, or more where a process would hold more than
+    THREADS_PER_SWARM_PROCESS hosts."""
+    return max(procs, math.ceil((n - 1) / THREADS_PER_SWARM_PROCESS))
 
-    key = job_key(paths.input_config_dir, os.environ)
-    ctx = multiprocessing.get_context("fork")
-    out, go_fail, joined = ctx.Queue(), ctx.Event(), ctx.Value("i", 0)
-    workers = [(h, r) for r, h in enumerate(hosts) if r > 0]
-    shares = [workers[i::procs] for i in range(procs)]
-    swarm = [ctx.Process(target=swarm_process, args=(share, PORT, key, out, go_fail, hosts[-1],
-                                                     joined))
-             for share in shares if share]
-    for p in swarm:
-        p.start()
+
+# -- our master -------------------------------------------------------------------
+
+def master_env(scenario, base, hang_timeout_s):
+    """The master's environment: this tree's code first on PYTHONPATH, the scenario's settings."""
+    src = os.path.join(common.ROOT, "src")
     env = dict(os.environ, TRAINING_TOOLKIT_CONTROL_PORT=str(PORT), SAGEMAKER_BASE_DIR=base,
-               SM_TERMINATION_GRACE_SECONDS="5")
-    started = time.time()
-    master = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "train")],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    peak = {"rss_kb": 0}
+               SM_TERMINATION_GRACE_SECONDS="5",
+               PYTHONPATH=os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])))
+    if scenario == "hang":
+        env[params.HANG_TIMEOUT_ENV] = str(hang_timeout_s)
+    elif scenario == "restart":
+        env.update({params.RESTARTS_ENV: "1", params.RESTART_BACKOFF_ENV: str(RESTART_BACKOFF_S)})
+    return env
 
-    def watch_master():  # its peak RSS, while it lives
-        while master.poll() is None:
-            status = _status(master.pid) or {}
-            peak["rss_kb"] = max(peak["rss_kb"], int(status.get("VmHWM", "0 kB").split()[0]))
+
+class MasterWatch(threading.Thread):
+    """The master's peak RSS (VmHWM) while it lives."""
+
+    def __init__(self, master):
+        super().__init__(daemon=True)
+        self.master = master
+        self.peak_kb = 0
+
+    def run(self):
+        while self.master.poll() is None:
+            status = _status(self.master.pid) or {}
+            self.peak_kb = max(self.peak_kb, int(status.get("VmHWM", "0 kB").split()[0]))
             time.sleep(0.2)
 
-    threading.Thread(target=watch_master, daemon=True).start()
-    deadline = time.time() + 300
-    while joined.value < n - 1 and master.poll() is None and time.time() < deadline:
+
+def run_ours(n, scenario, procs, root, hang_timeout_s):
+    """One master run of `scenario` against N-1 simulated hosts: its JSON-able result."""
+    hosts = ["algo-%d" % i for i in range(1, n + 1)]
+    base = os.path.join(root, "ours-%d-%s" % (n, scenario))
+    code = os.path.join(base, "code")
+    common.write(os.path.join(code, "rank.py"), MASTER_RANK)
+    write_job_tree(base, "rank.py", code, hosts=hosts, current_host="algo-1")
+    key = wire.job_key(JobPaths(base).input_config_dir, os.environ)
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    plan = SwarmPlan(scenario, hosts, key, ctx.Event(), ctx.Value("i", 0), ctx.Event(),
+                     hang_timeout_s)
+    shares = [range(1 + i, n, procs) for i in range(procs)]
+    swarm = [ctx.Process(target=swarm_process, args=(plan, share, out))
+             for share in shares if share]
+    for process in swarm:  # first: its hosts connect while the master starts, as workers do
+        process.start()
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    log_path = os.path.join(base, "master.log")
+    with open(log_path, "wb") as log:
+        started = time.time()
+        master = subprocess.Popen([sys.executable, "-m", "training_toolkit"],
+                                  env=master_env(scenario, base, hang_timeout_s),
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
+    watch = MasterWatch(master)
+    watch.start()
+    deadline = time.time() + CONNECT_DEADLINE_S
+    while plan.joined.value < n - 1 and master.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     status = _status(master.pid) or {}
-    threads_at_start = int(status.get("Threads", "0").split()[0]) if status else None
-    time.sleep(1.0)  # the rank_start reports land before the failure
-    go_fail.set()
+    threads_at_start = int(status["Threads"]) if "Threads" in status else None
+    time.sleep(1.0)  # the ranks' start reports land before the failure
+    plan.trigger.set()
     try:
-        _, err = master.communicate(timeout=300)
+        master.wait(RUN_DEADLINE_S)
     except subprocess.TimeoutExpired:
         master.kill()
-        _, err = master.communicate()
+        master.wait()
+    plan.stop.set()  # a master that refused the job, or died, leaves hosts still connecting
+    watch.join()
+    children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     records, swarm_cpu = [], 0.0
     for _ in swarm:
-        got = out.get(timeout=300)
+        got = out.get(timeout=RUN_DEADLINE_S)
         records += got["records"]
         swarm_cpu += got["cpu_s"]
-    for p in swarm:
-        p.join(60)
-    welcomed = [r["welcomed"] for r in records if "welcomed" in r]
-    failed_at = [r["failed_at"] for r in records if "failed_at" in r]
-    aborts = [r["abort"] for r in records if "abort" in r]
-    return {
-        "hosts": n, "master_exit": master.returncode,
-        "start_s": max(welcomed) - started if len(welcomed) == n - 1 else None,
-        "welcomed": len(welcomed), "aborted": len(aborts),
-        "fail_fast_s": max(aborts) - failed_at[0] if failed_at and len(aborts) == n - 1
-        else None,
-        "refused": sum(r["refused"] for r in records),
-        "not_joined": [r.get("error") for r in records if "welcomed" not in r][:3],
-        "master_peak_rss_mb": round(peak["rss_kb"] / 1024, 1),
-        "master_threads": threads_at_start, "swarm_cpu_s": round(swarm_cpu, 1),
-        "master_tail": err.decode("utf-8", "replace")[-600:] if master.returncode != 3 else "",
+    for process in swarm:
+        process.join(60)
+    result = {
+        "side": "ours", "scenario": scenario, "hosts": n, "swarm_procs": len(swarm),
+        "start_s": _last_after(records, "welcomed", started, n - 1),
+        "join_s": _last_after(records, "welcomed", _earliest(records, "welcomed"), n - 1),
+        "welcomed": sum("welcomed" in r for r in records),
+        "master_exit": master.returncode,
+        "connects_failed": dict(sum((collections.Counter(r["errors"]) for r in records),
+                                    collections.Counter())),
+        "not_joined": sorted({r["not_joined"] for r in records if "not_joined" in r})[:3],
+        "master_peak_rss_mb": round(watch.peak_kb / 1024, 1),
+        "master_threads": threads_at_start,
+        "master_cpu_s": round(_cpu(children_after) - _cpu(children_before), 1),
+        "swarm_cpu_s": round(swarm_cpu, 1),
     }
+    result.update(SCENARIO_FIGURES[scenario](records, n, hang_timeout_s))
+    checks = result.pop("checks")
+    if master.returncode != EXPECTED_EXIT[scenario]:
+        checks.append("the master exited %s, not %d" % (master.returncode,
+                                                        EXPECTED_EXIT[scenario]))
+    result["checks"] = checks or "ok"
+    if checks:
+        with open(log_path, "rb") as log:
+            result["master_tail"] = log.read()[-600:].decode("utf-8", "replace")
+    return result
+
+
+def _last_after(records, stage, since, count):
+    """Seconds from `since` to the last host's `stage`, if all `count` hosts got there."""
+    times = [r[stage] for r in records if stage in r]
+    return round(max(times) - since, 3) if times and len(times) == count else None
+
+
+def _earliest(records, stage):
+    return min((r[stage] for r in records if stage in r), default=None)
+
+
+def _first(records, stage):
+    """When `stage` happened to the one host it happens to (the failure, the silence)."""
+    return next((r[stage] for r in records if stage in r), None)
+
+
+def _fail_fast_figures(records, n, _):
+    failed_at = _first(records, "failed_at")
+    recorded = _first(records, "recorded")
+    return {"fail_fast_s": failed_at and _last_after(records, "first_abort", failed_at, n - 1),
+            "aborted": sum("first_abort" in r for r in records),
+            "exit_recorded_s": round(recorded - failed_at, 3) if recorded else None,
+            "checks": []}
+
+
+def _hang_figures(records, n, hang_timeout_s):
+    silent_at = _first(records, "silent_at")
+    verdict_s = silent_at and _last_after(records, "first_abort", silent_at, n - 1)
+    silent = {"rank": host_ranks(n - 1)[-1], "host": "algo-%d" % n}
+    named = {(r["first_verdict"]["rank"], r["first_verdict"]["host"])
+             for r in records if "first_verdict" in r}
+    checks = [] if named == {(silent["rank"], silent["host"])} else [
+        "the verdicts name %s, not rank %d on %s" % (sorted(named), silent["rank"],
+                                                     silent["host"])]
+    return {"hang_timeout_s": hang_timeout_s, "hang_verdict_s": verdict_s,
+            "hang_verdict_over_timeout_s": verdict_s and round(verdict_s - hang_timeout_s, 3),
+            "aborted": sum("first_abort" in r for r in records), "silent_rank": silent["rank"],
+            "checks": checks}
+
+
+def _restart_figures(records, n, _):
+    failed_at = _first(records, "failed_at")
+    go_s = failed_at and _last_after(records, "go", failed_at, n - 1)
+    finals = collections.Counter(r.get("second_verdict", {}).get("exit_code") for r in records)
+    checks = [] if finals == {0: n - 1} else [
+        "the second attempt's verdicts, by exit code: %s" % dict(finals)]
+    return {"restart_verdict_s": failed_at and _last_after(records, "first_verdict_at",
+                                                           failed_at, n - 1),
+            "restart_backoff_s": RESTART_BACKOFF_S, "restart_go_s": go_s,
+            "restart_go_over_backoff_s": go_s and round(go_s - RESTART_BACKOFF_S, 3),
+            "rejoined": sum("go" in r for r in records),
+            "not_rejoined": sorted({r["not_rejoined"] for r in records
+                                    if "not_rejoined" in r})[:3],
+            "checks": checks}
+
+
+SCENARIO_FIGURES = {"fail-fast": _fail_fast_figures, "hang": _hang_figures,
+                    "restart": _restart_figures}
+
+
+def _cpu(usage):
+    return usage.ru_utime + usage.ru_stime
 
 
 def _status(pid):
     try:
         with open("/proc/%d/status" % pid) as f:
-            return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+            return dict((k, v.strip()) for k, _, v in (line.partition(":") for line in f))
     except OSError:
         return None
 
 
 # -- TCPStore -------------------------------------------------------------------
 
-def store_clients(count, out, n, ready, go):
-    """`count` TCPStore clients, a thread each: once `go`, connect, the
-    barrier, the broadcast; the times of the last of each to `out`."""
+def _torch_distributed():
+    """torch.distributed, with glibc's resolver over TCP for the reverse lookups TCPStore
+    makes (set before the first: glibc reads RES_OPTIONS when its resolver starts)."""
+    os.environ["RES_OPTIONS"] = TCPSTORE_RES_OPTIONS
     import torch.distributed as dist
 
+    return dist
+
+
+def store_master(n, ready, start, go, out, done):
+    """The master store, in a process of its own: from its start, the barrier's key, then
+    the broadcast's; serves until `done`."""
+    dist = _torch_distributed()
+    ready.release()
+    start.wait()
+    started = time.time()
+    store = dist.TCPStore(MASTER_ADDRESS, STORE_PORT, n + 1, True, wait_for_workers=False,
+                          use_libuv=True, timeout=datetime.timedelta(seconds=RUN_DEADLINE_S))
+    go.set()
+    store.wait(["all"])
+    bcast_at = time.time()
+    store.set("bcast", "x")
+    out.put({"started": started, "bcast_at": bcast_at})
+    done.wait(RUN_DEADLINE_S)
+
+
+def store_clients(count, n, ready, go, out):
+    """`count` TCPStore clients, a thread each: once `go`, connect, the barrier, the
+    broadcast; the times of the last of each to `out`."""
+    dist = _torch_distributed()
+    threading.stack_size(THREAD_STACK_BYTES)
     ready.release()
     go.wait()
     connected, barrier, bcast, lock = [], [], [], threading.Lock()
 
     def client():
-        store = dist.TCPStore("127.0.0.1", STORE_PORT, n + 1, False, wait_for_workers=False,
-                              use_libuv=True, timeout=__import__("datetime").timedelta(600))
+        store = dist.TCPStore(MASTER_ADDRESS, STORE_PORT, n + 1, False, wait_for_workers=False,
+                              use_libuv=True, timeout=datetime.timedelta(seconds=RUN_DEADLINE_S))
         with lock:
             connected.append(time.time())
         if store.add("arrived", 1) == n:
@@ -198,69 +603,143 @@ def store_clients(count, out, n, ready, go):
             bcast.append(time.time())
 
     threads = [threading.Thread(target=client) for _ in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(600)
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(RUN_DEADLINE_S)
     out.put({"connected": max(connected), "barrier": max(barrier), "bcast": max(bcast),
              "count": len(bcast)})
 
 
 def run_tcpstore(n, procs):
-    """The same N and processes, with torch's TCPStore: from the master
-    store's start, every client connected, then past a barrier, then a
-    broadcast key got by every client."""
-    import torch.distributed as dist
-
+    """The same N and processes, with torch's TCPStore: from the master store's start,
+    every client connected, then past a barrier; from the broadcast key's set, every
+    client has it."""
     ctx = multiprocessing.get_context("spawn")
-    out, ready, go = ctx.Queue(), ctx.Semaphore(0), ctx.Event()
+    ready, start, go, done = ctx.Semaphore(0), ctx.Event(), ctx.Event(), ctx.Event()
+    master_out, clients_out = ctx.Queue(), ctx.Queue()
     shares = [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
-    clients = [ctx.Process(target=store_clients, args=(c, out, n, ready, go))
+    clients = [ctx.Process(target=store_clients, args=(c, n, ready, go, clients_out))
                for c in shares if c]
-    for p in clients:
-        p.start()
-    for _ in clients:  # torch imported in every client process
+    master = ctx.Process(target=store_master, args=(n, ready, start, go, master_out, done))
+    for process in clients + [master]:
+        process.start()
+    for _ in clients + [master]:  # torch imported in every process
         ready.acquire(timeout=300)
-    started = time.time()
-    master = dist.TCPStore("127.0.0.1", STORE_PORT, n + 1, True, wait_for_workers=False,
-                           use_libuv=True)
-    go.set()
-    master.wait(["all"])
-    barrier_at = time.time()
-    master.set("bcast", "x")
-    times = [out.get(timeout=600) for _ in clients]
-    for p in clients:
-        p.join(60)
-    assert sum(t["count"] for t in times) == n, times
-    return {"hosts": n, "connect_s": max(t["connected"] for t in times) - started,
-            "barrier_s": max(t["barrier"] for t in times) - started,
-            "bcast_s": max(t["bcast"] for t in times) - barrier_at}
+    start.set()
+    times = [clients_out.get(timeout=RUN_DEADLINE_S) for _ in clients]
+    master_times = master_out.get(timeout=RUN_DEADLINE_S)
+    done.set()
+    for process in clients + [master]:
+        process.join(60)
+    got = sum(t["count"] for t in times)
+    return {"side": "tcpstore", "hosts": n, "procs": len(clients),
+            "res_options": TCPSTORE_RES_OPTIONS,
+            "connect_s": round(max(t["connected"] for t in times) - master_times["started"], 3),
+            "barrier_s": round(max(t["barrier"] for t in times) - master_times["started"], 3),
+            "bcast_s": round(max(t["bcast"] for t in times) - master_times["bcast_at"], 3),
+            "checks": "ok" if got == n else "%d of %d clients got the broadcast" % (got, n)}
+
+
+# -- the report -------------------------------------------------------------------
+
+def seconds(x):
+    return "-" if x is None else "%.3f s" % x
+
+
+def connects_failed(result):
+    failed = result["connects_failed"]
+    return "%d / %d" % (failed.get("refused", 0), sum(failed.values()) - failed.get("refused", 0))
+
+
+def ours_row(result):
+    scenario = result["scenario"]
+    figure = {
+        "fail-fast": lambda r: "fail-fast %s" % seconds(r["fail_fast_s"]),
+        "hang": lambda r: "hang verdict %s (T + %s)" % (
+            seconds(r["hang_verdict_s"]), seconds(r["hang_verdict_over_timeout_s"])),
+        "restart": lambda r: "restart go %s (backoff + %s)" % (
+            seconds(r["restart_go_s"]), seconds(r["restart_go_over_backoff_s"])),
+    }[scenario](result)
+    return [result["hosts"], scenario, seconds(result["start_s"]), seconds(result["join_s"]),
+            figure,
+            result["master_exit"], connects_failed(result), result["master_threads"],
+            "%.1f MB" % result["master_peak_rss_mb"], result["master_cpu_s"],
+            result["swarm_cpu_s"],
+            result["checks"] if result["checks"] == "ok" else "; ".join(result["checks"])]
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--hosts", default="256,1024")
-    p.add_argument("--procs", type=int, default=8)
+    p.add_argument("--hosts", default="256,1024", help="N, comma-separated (the master's "
+                   "host included)")
+    p.add_argument("--procs", type=int, default=8, help="swarm processes (more at large N: "
+                   "at most %d hosts each), and TCPStore client processes"
+                   % THREADS_PER_SWARM_PROCESS)
+    p.add_argument("--scenarios", default=",".join(SCENARIOS),
+                   help="of %s (start and fail-fast are one run)" % ",".join(SCENARIOS))
+    p.add_argument("--hang-timeout", type=float, default=5.0,
+                   help="the hang scenario's TRAINING_TOOLKIT_HANG_TIMEOUT_S")
     p.add_argument("--no-tcpstore", action="store_true")
+    p.add_argument("--json", help="also write the JSON lines to this file")
     args = p.parse_args()
+    asked = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    unknown = sorted(set(asked) - set(SCENARIOS))
+    if unknown:
+        p.error("unknown scenario(s) %s: choose from %s" % (", ".join(unknown),
+                                                            ",".join(SCENARIOS)))
+    runs = [s for s in ("fail-fast", "hang", "restart")
+            if s in asked or (s == "fail-fast" and "start" in asked)]
+    sizes = [int(x) for x in args.hosts.split(",")]
     common.print_header()
+    fd_limit = raise_fd_limit()
+    print("RLIMIT_NOFILE %d; net.core.somaxconn %s; ephemeral ports %s; kernel.pid_max %s" % (
+        fd_limit, _sysctl("net/core/somaxconn"), _sysctl("net/ipv4/ip_local_port_range"),
+        _sysctl("kernel/pid_max")), flush=True)
+    if fd_limit < max(sizes) + 100:
+        print("warning: a hard RLIMIT_NOFILE of %d is short of %d hosts' sockets on the master"
+              % (fd_limit, max(sizes)), flush=True)
     root = common.fresh_dir("scale")
-    rows = []
-    for n in [int(x) for x in args.hosts.split(",")]:
-        ours = run_ours(n, args.procs, root)
-        print(json.dumps(ours), flush=True)
-        store = None if args.no_tcpstore else run_tcpstore(n, args.procs)
-        if store:
-            print(json.dumps(store), flush=True)
-        fmt = (lambda x: "%.2f s" % x if isinstance(x, float) else str(x))
-        rows.append([n, fmt(ours["start_s"]), fmt(ours["fail_fast_s"]), ours["refused"],
-                     ours["master_threads"], ours["swarm_cpu_s"],
-                     fmt(store["connect_s"]) if store else "-",
-                     fmt(store["barrier_s"]) if store else "-",
-                     fmt(store["bcast_s"]) if store else "-"])
-    common.table(["hosts", "ours: start", "ours: fail-fast", "refused", "master threads",
-                  "swarm CPU s", "TCPStore: connect", "TCPStore: +barrier", "TCPStore: bcast"],
-                 rows)
+    json_file = open(args.json, "w") if args.json else None
+    ours, stores = [], []
+
+    def emit(result):
+        line = json.dumps(result)
+        print(line, flush=True)
+        if json_file:
+            json_file.write(line + "\n")
+            json_file.flush()
+
+    for n in sizes:
+        procs = swarm_size(n, args.procs)
+        for scenario in runs:
+            ours.append(run_ours(n, scenario, procs, root, args.hang_timeout))
+            emit(ours[-1])
+        if not args.no_tcpstore and "fail-fast" in runs:
+            stores.append(run_tcpstore(n, procs))
+            emit(stores[-1])
+    if json_file:
+        json_file.close()
+    common.table(["hosts", "scenario", "start", "join", "its figure", "master exit",
+                  "connects refused / reset+closed+timed out", "master threads",
+                  "master peak RSS", "master CPU s", "swarm CPU s", "checks"],
+                 [ours_row(r) for r in ours])
+    if stores:
+        fail_fast = {r["hosts"]: r for r in ours if r["scenario"] == "fail-fast"}
+        common.table(["hosts", "ours: start", "ours: join", "TCPStore: connect",
+                      "TCPStore: connect+barrier", "ours: fail-fast", "TCPStore: broadcast"],
+                     [[s["hosts"], seconds(fail_fast[s["hosts"]]["start_s"]),
+                       seconds(fail_fast[s["hosts"]]["join_s"]), seconds(s["connect_s"]),
+                       seconds(s["barrier_s"]), seconds(fail_fast[s["hosts"]]["fail_fast_s"]),
+                       seconds(s["bcast_s"])] for s in stores])
+
+
+def _sysctl(name):
+    try:
+        with open("/proc/sys/" + name) as f:
+            return " ".join(f.read().split())
+    except OSError:
+        return "?"
 
 
 if __name__ == "__main__":
