@@ -555,8 +555,11 @@ def _status(pid):
 
 def _torch_distributed():
     """torch.distributed, with glibc's resolver over TCP for the reverse lookups TCPStore
-    makes (set before the first: glibc reads RES_OPTIONS when its resolver starts)."""
+    makes (set before the first: glibc reads RES_OPTIONS when its resolver starts), and
+    without the warning each process then logs ("the hostname of the client socket cannot be
+    retrieved"): torch reads TORCH_CPP_LOG_LEVEL when it loads."""
     os.environ["RES_OPTIONS"] = TCPSTORE_RES_OPTIONS
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
     import torch.distributed as dist
 
     return dist
