@@ -412,3 +412,30 @@ def test_cli_internal_error_is_one_line_and_exit_70(tmp_path, monkeypatch, capsy
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_variables_too_long_with_thousands_of_hosts_go_in_files(tmp_path, capfd):
+    """SM_TRAINING_ENV holds the host list several times over: past about
+    2,000 hosts it is longer than one environment string may be, and no
+    process of the job could start. It goes in a file, named by
+    SM_TRAINING_ENV_FILE; the variables that fit stay."""
+    from training_toolkit.environment import Environment
+    from training_toolkit.job.paths import JobPaths
+    from training_toolkit.rehearsal.jobtree import write_job_tree
+
+    hosts = ["algo-%d" % i for i in range(1, 4097)]
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("")
+    write_job_tree(str(tmp_path / "job"), "train.py", str(code), hosts=hosts,
+                   current_host="algo-1")
+    paths = JobPaths(str(tmp_path / "job"))
+    env = Environment.read(paths, dict(os.environ, SAGEMAKER_BASE_DIR=paths.base))
+    exported = env.to_env_vars()
+    assert "SM_TRAINING_ENV" not in exported
+    with open(exported["SM_TRAINING_ENV_FILE"]) as f:
+        assert sorted(json.load(f)["hosts"]) == sorted(hosts)
+    assert sorted(json.loads(exported["SM_HOSTS"])) == sorted(hosts)  # fits: stays
+    per_string = 32 * os.sysconf("SC_PAGE_SIZE")
+    assert all(len(name) + len(value) + 2 <= per_string for name, value in exported.items())
+    assert "SM_TRAINING_ENV_FILE" in capfd.readouterr().err

@@ -23,7 +23,13 @@ TOO_DEEP = "JSON nested more than %d levels deep" % MAX_JSON_DEPTH
 # and environment (mpirun's or torchrun's options, the variables it sets).
 LAUNCHER_RESERVE_BYTES = 16 * 1024
 # Exported variables made of the hyperparameters (an error about one names them).
-_MADE_OF_HYPERPARAMETERS = ("SM_HPS", "SM_USER_ARGS", "SM_TRAINING_ENV")
+_MADE_OF_HYPERPARAMETERS = ("SM_HPS", "SM_USER_ARGS")
+# Variables that hold the job's host list, some several times over: over
+# about 2,000 hosts SM_TRAINING_ENV, over about 10,000 each of them, passes
+# the kernel's limit for one environment string. Such a one is written to a
+# file, which NAME_FILE names, rather than leave a large job unable to start
+# any process (docs/multihost.md, "At scale").
+_MADE_OF_HOSTS = ("SM_HOSTS", "SM_RESOURCE_CONFIG", "SM_TRAINING_ENV")
 # botocore's own test of an endpoint's host name (utils.is_valid_endpoint_url).
 _HOST_NAME = r"^((?!-)[A-Z\d-]{1,63}(?<!-)\.)*((?!-)[A-Z\d-]{1,63}(?<!-))$"
 
@@ -247,14 +253,25 @@ def check_exec_limits(env, environ=None):
             got = size("%s=%s" % (variable, exported[variable]))
             require(got <= per_string, "its value makes %s %d bytes, %s; pass large data in a "
                     "file of an input channel" % (variable, got, limit), hp_file, key)
+        for name in _MADE_OF_HYPERPARAMETERS:
+            got = size("%s=%s" % (name, exported[name]))
+            require(got <= per_string, "the variable %s would be %d bytes, %s; it holds the "
+                    "job's %d hyperparameters: pass large data in a file of an input channel"
+                    % (name, got, limit, len(env.hyperparameters)), hp_file, None)
+        too_long = {name: exported[name] for name in _MADE_OF_HOSTS
+                    if name in exported and size("%s=%s" % (name, exported[name])) > per_string}
+        if too_long:
+            env.move_variables(too_long)
+            exported = env.to_env_vars()
+            log.warning("%s would be %s with the job's %d hosts: the job's processes get "
+                        "%s instead, naming a file in %s that holds the value" % (
+                            " and ".join(too_long), limit, len(env.hosts),
+                            " and ".join(name + "_FILE" for name in too_long),
+                            env.paths.variables_dir))
         for name, value in exported.items():
             got = size("%s=%s" % (name, value))
-            made_of_hyperparameters = name in _MADE_OF_HYPERPARAMETERS
-            require(got <= per_string, "the variable %s would be %d bytes, %s%s" % (
-                name, got, limit, "; it holds the job's %d hyperparameters: pass large data "
-                "in a file of an input channel" % len(env.hyperparameters)
-                if made_of_hyperparameters else ""),
-                hp_file if made_of_hyperparameters else None, None)
+            require(got <= per_string, "the variable %s would be %d bytes, %s"
+                    % (name, got, limit), None, None)
     arg_max = os.sysconf("SC_ARG_MAX")
     if arg_max <= 0:
         return

@@ -191,7 +191,20 @@ class Environment(collections.abc.Mapping):
             # The reference keeps dashes; SDK v3 turns them into underscores.
             out["SM_HP_" + key.upper().replace("-", "_")] = formatted
         out.update(self.extra_exports)
+        for name in self.__dict__.get("moved_variables", ()):
+            del out[name]
+            out[name + "_FILE"] = self.paths.variable_file(name)
         return out
+
+    def move_variables(self, values):
+        """Export each of `values` ({name: value}, too long for the
+        environment) as NAME_FILE, naming a file that holds its value."""
+        for name, value in values.items():
+            path = self.paths.variable_file(name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w", encoding="utf-8", errors="surrogateescape") as f:
+                f.write(value)
+        self.__dict__["moved_variables"] = tuple(values)
 
     def __repr__(self):
         return "Environment(current_host=%r, hosts=%r, entry_point=%r)" % (

@@ -226,6 +226,15 @@ class JobPaths:
         return self._join("toolkit", "env.json")
 
     @property
+    def variables_dir(self):
+        """Where a variable too long for the environment is written instead
+        (checks.check_exec_limits), a file each."""
+        return self._join("toolkit", "env")
+
+    def variable_file(self, name):
+        return os.path.join(self.variables_dir, name)
+
+    @property
     def ranks_dir(self):
         """Where each rank wrapper writes `<rank>.pid`: its pid and its program's."""
         return self._join("toolkit", "ranks")
