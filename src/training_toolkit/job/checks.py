@@ -24,12 +24,12 @@ TOO_DEEP = "JSON nested more than %d levels deep" % MAX_JSON_DEPTH
 LAUNCHER_RESERVE_BYTES = 16 * 1024
 # Exported variables made of the hyperparameters (an error about one names them).
 _MADE_OF_HYPERPARAMETERS = ("SM_HPS", "SM_USER_ARGS")
-# Variables that hold the job's host list, some several times over: over
-# about 2,000 hosts SM_TRAINING_ENV, over about 10,000 each of them, passes
-# the kernel's limit for one environment string. Such a one is written to a
-# file, which NAME_FILE names, rather than leave a large job unable to start
-# any process (docs/multihost.md, "At scale").
-_MADE_OF_HOSTS = ("SM_HOSTS", "SM_RESOURCE_CONFIG", "SM_TRAINING_ENV")
+# The other variables are too long only with the job's host list, which some
+# hold several times over: over about 2,000 hosts SM_TRAINING_ENV, over about
+# 10,000 SM_HOSTS, SM_RESOURCE_CONFIG and the instance group's, pass the
+# kernel's limit for one environment string. Such a one is written to a file,
+# which NAME_FILE names, rather than leave a large job unable to start any
+# process (docs/multihost.md, "At scale").
 # botocore's own test of an endpoint's host name (utils.is_valid_endpoint_url).
 _HOST_NAME = r"^((?!-)[A-Z\d-]{1,63}(?<!-)\.)*((?!-)[A-Z\d-]{1,63}(?<!-))$"
 
@@ -258,8 +258,8 @@ def check_exec_limits(env, environ=None):
             require(got <= per_string, "the variable %s would be %d bytes, %s; it holds the "
                     "job's %d hyperparameters: pass large data in a file of an input channel"
                     % (name, got, limit, len(env.hyperparameters)), hp_file, None)
-        too_long = {name: exported[name] for name in _MADE_OF_HOSTS
-                    if name in exported and size("%s=%s" % (name, exported[name])) > per_string}
+        too_long = {name: value for name, value in exported.items()
+                    if size("%s=%s" % (name, value)) > per_string}
         if too_long:
             env.move_variables(too_long)
             exported = env.to_env_vars()
@@ -268,10 +268,6 @@ def check_exec_limits(env, environ=None):
                             " and ".join(too_long), limit, len(env.hosts),
                             " and ".join(name + "_FILE" for name in too_long),
                             env.paths.variables_dir))
-        for name, value in exported.items():
-            got = size("%s=%s" % (name, value))
-            require(got <= per_string, "the variable %s would be %d bytes, %s"
-                    % (name, got, limit), None, None)
     arg_max = os.sysconf("SC_ARG_MAX")
     if arg_max <= 0:
         return
