@@ -17,7 +17,8 @@ in stride (its time is kept).
 Scenarios (--scenarios; a master run each, per N). Every run also measures its start: the
 master's `train` started -> every simulated worker welcomed; and its join: the first
 simulated worker welcomed -> the last (the control port taking every host once it listens;
-each host retries at most 0.1 s apart, as WorkerLink does).
+each host retries as WorkerLink does: with full jitter, capped at control.connect_cap_s,
+0.1 s up to 1,000 hosts, 1.6 s at 16,384).
   start,     one run: the last host's last rank reports exit 3 over its host's link ->
   fail-fast  every simulated worker has the master's abort. The tables' start is this run's.
   hang       the master runs with TRAINING_TOOLKIT_HANG_TIMEOUT_S=T (--hang-timeout). One
@@ -131,7 +132,7 @@ import time
 
 import common
 
-from training_toolkit import backoff, params
+from training_toolkit import params
 from training_toolkit.cluster import control, rejoin, wire
 from training_toolkit.errors import ClusterError
 from training_toolkit.job.paths import JobPaths
@@ -275,8 +276,8 @@ class SimulatedHost:
         """WorkerLink.connect, one try at a time at the pace it retries at itself, so that
         each failed try is counted by its kind; None once CONNECT_DEADLINE_S passed or the
         master is gone."""
-        for _ in backoff.attempts(time.monotonic() + CONNECT_DEADLINE_S, first=0.05, most=0.1,
-                                  factor=1.5):
+        for _ in control.connect_attempts(time.monotonic() + CONNECT_DEADLINE_S,
+                                          len(self.plan.hosts)):
             if self.plan.stop.is_set():
                 break
             try:

@@ -362,6 +362,12 @@ def connect_cap_s(hosts):
     return max(0.1, hosts / CONNECT_RATE)
 
 
+def connect_attempts(deadline, hosts):
+    """A worker's tries to connect to the master, in a job of `hosts`: from
+    50 ms, doubling up to connect_cap_s, each wait drawn at random below it."""
+    return backoff.attempts(deadline, first=0.05, most=connect_cap_s(hosts), jitter=True)
+
+
 class WorkerLink:
     """A worker's connection to the master's `train`."""
 
@@ -378,7 +384,7 @@ class WorkerLink:
         the master hangs up on the hello, which it does when the hosts'
         keys differ. `hello`: more fields of the hello (the roster's)."""
         cls.last_error = None
-        for _ in backoff.attempts(deadline, first=0.05, most=connect_cap_s(hosts), jitter=True):
+        for _ in connect_attempts(deadline, hosts):
             sock = None
             try:
                 sock = socket.create_connection((master, port), timeout=5)
