@@ -403,3 +403,13 @@ def test_v3_config_fills_the_legacy_framework_parameters():
     assert fp["sagemaker_mpi_enabled"] is True
     assert fp["sagemaker_mpi_num_of_processes_per_host"] == 3
     assert v3_env({}).additional_framework_parameters == {}
+
+
+def test_long_lists_of_names_are_cut_for_messages():
+    """A job of thousands of hosts names the first ten missing ones and how
+    many more, never all of them, in its failure file."""
+    from training_toolkit.errors import some_of
+
+    assert some_of(["algo-2", "algo-3"]) == "algo-2, algo-3"
+    assert some_of(["algo-%d" % i for i in range(16384)]) == (
+        ", ".join("algo-%d" % i for i in range(10)) + " and 16374 more")

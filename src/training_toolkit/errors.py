@@ -59,6 +59,14 @@ class ToolkitError(Exception):
         return self.kind
 
 
+def some_of(names, most=10):
+    """`names` for a message: the first `most`, then how many more (a job of
+    thousands of hosts must not make a failure file of all their names)."""
+    names = [str(n) for n in names]
+    return ", ".join(names[:most]) + (" and %d more" % (len(names) - most)
+                                      if len(names) > most else "")
+
+
 def failure_code(*candidates):
     """The first of `candidates` that an exit status can carry as a failure
     (an int 1-255), else 1: a string, None, True, 0 or 256 (which a process
@@ -155,8 +163,7 @@ class OutputNotDurableError(ToolkitError):
     exit_code = 74
 
     def __init__(self, uri, paths, strict_env):
-        named = ", ".join(paths[:10]) + (" and %d more" % (len(paths) - 10)
-                                         if len(paths) > 10 else "")
+        named = some_of(paths)
         super().__init__(
             "%d files of output/intermediate/ may not be in S3 as they are now, and %s=1 makes "
             "that a failure (the job's program succeeded): %s (every one in status.json's "

@@ -15,7 +15,7 @@ import time
 from . import control, wing_reports, wire
 from .rank_relay import RankRelay
 from .. import log
-from ..errors import ClusterError
+from ..errors import ClusterError, some_of
 from ..supervise import Outcome
 
 # After a rank failed somewhere, the others get this long after SIGTERM.
@@ -109,7 +109,7 @@ class JobMaster:
         missing = self.control.wait_for_workers(deadline)
         if missing:
             raise ClusterError("workers did not report to the master before the deadline: %s "
-                               "(is `train` running there?)" % ", ".join(missing))
+                               "(is `train` running there?)" % some_of(missing))
 
     def fail_fast(self, grace=ABORT_GRACE_S, stop_here=None):
         """On the first failing rank anywhere, stop the job on every host:

@@ -18,7 +18,7 @@ import socket
 import time
 
 from .. import backoff, log, params
-from ..errors import ClusterError
+from ..errors import ClusterError, some_of
 
 # Retries start fast (a name that appears a moment later costs ~0.1 s) and
 # settle at one lookup of each pending host every 2 s.
@@ -110,10 +110,7 @@ def wait_for_other_hosts(env, environ=os.environ, reporter=None):
 
 
 def _named(hosts):
-    shown = ", ".join(hosts[:NAMED_HOSTS])
-    if len(hosts) > NAMED_HOSTS:
-        shown += " and %d more" % (len(hosts) - NAMED_HOSTS)
-    return shown
+    return some_of(hosts, NAMED_HOSTS)
 
 
 def _timed_out(pending, last_error, limit_s):

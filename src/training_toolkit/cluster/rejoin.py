@@ -11,7 +11,7 @@ job ends as any job that lost a host (79), on every host that is left.
 import os
 import time
 
-from ..errors import ClusterError
+from ..errors import ClusterError, some_of
 from . import control
 from .control import MasterControl, Refused, WorkerLink
 
@@ -45,7 +45,7 @@ def rejoin(master, hosts, host, port, key, attempt):
                 control.broadcast({"type": "abandon", "attempt": attempt, "missing": missing})
                 raise ClusterError("lost the worker host%s %s between attempts: %s did not "
                                    "rejoin for restart %d within %.0f s" % (
-                                       "s" if len(missing) > 1 else "", ", ".join(missing),
+                                       "s" if len(missing) > 1 else "", some_of(missing),
                                        "they" if len(missing) > 1 else "it", attempt, wait_s))
             # Closed first: a worker's next connection is to the attempt's own channel.
             control.stop_listening()

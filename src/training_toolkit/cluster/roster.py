@@ -27,7 +27,7 @@ import collections
 import time
 
 from .. import log, params
-from ..errors import ClusterError
+from ..errors import ClusterError, some_of
 from .control import MasterControl, Refused, WorkerLink, control_port, warn_if_weak
 from .wire import JOB_SECRET_ENV, job_key
 
@@ -154,7 +154,7 @@ def _gather(placement, key, port, deadline, deadline_s):
             raise ClusterError(
                 "node rank(s) %s of %s's %d did not join the roster on port %d within %g s "
                 "(%s): is `train` running there, with this master address and the same %s?"
-                % (", ".join(map(str, missing)), placement.orchestrator, placement.num_nodes,
+                % (some_of(missing), placement.orchestrator, placement.num_nodes,
                    port, deadline_s, params.ROSTER_DEADLINE_ENV, params.CONTROL_PORT_ENV))
         return server.hand_out()
     finally:

@@ -14,7 +14,7 @@ carries the plan and the reports between the hosts.
 import os
 
 from .. import log
-from ..errors import CheckpointRestoreError
+from ..errors import CheckpointRestoreError, some_of
 from . import commits
 from .restore import RestoreFailed, restore
 
@@ -85,9 +85,7 @@ class Resume:
         names = uncovered(listed, self.layout, records)
         if names:
             log.warning("checkpoints: not restored, no whole commit record covers them (an "
-                        "older layout, or objects put there by hand): %s%s" % (
-                            ", ".join(names[:10]), " and %d more" % (len(names) - 10)
-                            if len(names) > 10 else ""))
+                        "older layout, or objects put there by hand): %s" % some_of(names))
         plan = plan_units(records, self.layout)
         self.records = {r.unit: r for r in plan}
         self.committed = dict(records)
