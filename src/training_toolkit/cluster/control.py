@@ -46,7 +46,7 @@ import time
 
 from .. import backoff, log, params
 from . import rank_relay, wing_reports
-from .server import LISTEN_BACKLOG, ControlServer, _keepalive
+from .server import ControlServer, _keepalive
 from .verdict import Ledger
 from .wire import TO_MASTER, TO_WORKER, Rejected, Stream, authenticate, nonce, parse, valid
 # `control.X` still names the wire's parts that peers are made of (the tests
@@ -137,43 +137,6 @@ def send_once(address, port, key, message, timeout=2.0):
             return reply.get("type") == "recorded"
     except (OSError, Rejected):
         return False
-
-
-class Listening:
-    """A TCP server on `port` (0: any free one) whose thread accepts
-    connections and hands each to `_admit(conn, "address:port")` until
-    `stop_listening()`."""
-
-    def __init__(self, address, port, name):
-        self._server = socket.create_server((address, port), reuse_port=False,
-                                            backlog=LISTEN_BACKLOG)
-        self.port = self._server.getsockname()[1]
-        self._closed = False
-        threading.Thread(target=self._accept, name=name, daemon=True).start()
-
-    def _accept(self):
-        while not self._closed:
-            try:
-                conn, peer = self._server.accept()
-            except OSError:
-                if self._closed:
-                    return
-                time.sleep(0.05)  # e.g. out of file descriptors: the real peers retry
-                continue
-            self._admit(conn, "%s:%d" % peer[:2])
-
-    def _admit(self, conn, peer):
-        raise NotImplementedError
-
-    def stop_listening(self):
-        """Refuse new connections from now on and free the port: shutdown()
-        wakes the accept() that close() alone would leave listening."""
-        self._closed = True
-        for end in (lambda: self._server.shutdown(socket.SHUT_RDWR), self._server.close):
-            try:
-                end()
-            except OSError:
-                pass
 
 
 class MasterControl(Ledger, ControlServer):

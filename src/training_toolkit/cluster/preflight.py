@@ -42,8 +42,9 @@ from .. import backoff, log, params
 from ..errors import PreflightError
 from ..resilience import preflight, probes
 from ..resilience.preflight import Check, HostRecord, settings_of as settings_of
-from .control import Listening, Refused, WorkerLink, control_port, job_key_for
+from .control import Refused, WorkerLink, control_port, job_key_for
 from .exchange import RoundReports
+from .server import LISTEN_BACKLOG
 from .wire import JOB_SECRET_ENV, TO_MASTER, TO_WORKER, Rejected, Stream, nonce, valid
 
 # The pre-flight's ports, from the control port: peers' probes, the all-reduce's store.
@@ -152,18 +153,42 @@ def _tasks(settings, level, env, environ, key, peer_port, round_, deadline):
 
 # -- peers --------------------------------------------------------------------
 
-class Listener(Listening):
+class Listener:
     """This host's side of its peers' probes, on `port` until stop_listening():
     answers each authentic hello of this round with this host's time, and
-    takes a bandwidth stream where the hello announces one."""
+    takes a bandwidth stream where the hello announces one. A thread per
+    peer: each host hears from a ring's few peers (the master from every
+    host, once, for the round trip)."""
 
     def __init__(self, port, key, host, round_, deadline):
         self.key, self.host, self.round = key, host, round_
         self.deadline = deadline
-        super().__init__("", port, "preflight-listen")
+        self._server = socket.create_server(("", port), reuse_port=False,
+                                            backlog=LISTEN_BACKLOG)
+        self.port = self._server.getsockname()[1]
+        self._closed = False
+        threading.Thread(target=self._accept, name="preflight-listen", daemon=True).start()
 
-    def _admit(self, conn, peer):
-        threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+    def _accept(self):
+        while not self._closed:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                if self._closed:
+                    return
+                time.sleep(0.05)  # e.g. out of file descriptors: the real peers retry
+                continue
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def stop_listening(self):
+        """Refuse new connections from now on and free the port: shutdown()
+        wakes the accept() that close() alone would leave listening."""
+        self._closed = True
+        for end in (lambda: self._server.shutdown(socket.SHUT_RDWR), self._server.close):
+            try:
+                end()
+            except OSError:
+                pass
 
     def _serve(self, conn):
         stream = Stream(conn, self.key, TO_WORKER, TO_MASTER, nonce())
