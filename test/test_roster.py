@@ -264,3 +264,33 @@ def test_a_missing_node_fails_the_master_naming_its_rank(tmp_path):
                         [environ(port, TRAINING_TOOLKIT_ROSTER_DEADLINE_S="10")] * 2,
                         str(tmp_path))
     assert isinstance(results[0], ClusterError) and "node rank(s) 1 of" in results[0].message
+
+
+def test_a_node_that_leaves_before_the_roster_is_forgotten(tmp_path):
+    """Its `train` gone (the pod deleted) before the roster went out: its join
+    is dropped, and another node may take its rank."""
+    import time
+
+    from training_toolkit import backoff
+    from training_toolkit.cluster.control import WorkerLink
+    from training_toolkit.cluster.wire import job_key
+
+    port, master = free_port(), placement(0, count=2)
+    key = job_key(str(tmp_path), environ(port), master.identity)
+    server = roster._RosterServer(port, master, key)
+    try:
+        gone = WorkerLink.connect("127.0.0.1", port, "node-gone", key, time.monotonic() + 10,
+                                  hello={"node_rank": 1, "dialled": "127.0.0.1"})
+        assert backoff.wait_until(lambda: 1 in server.joins, 10)
+        gone.close()
+        assert backoff.wait_until(lambda: 1 not in server.joins, 10), server.joins
+        results = []
+        thread = threading.Thread(target=lambda: results.append(roster._join(
+            placement(1, count=2, name="node-new"), key, port, time.monotonic() + 20, 20)))
+        thread.start()
+        assert server.wait_for_all(time.monotonic() + 20) == []
+        hosts = server.hand_out()
+        thread.join(20)
+    finally:
+        server.close()
+    assert hosts == ("127.0.0.1", "node-new") and results == [hosts]

@@ -165,6 +165,7 @@ class MasterControl(Ledger, ControlServer):
             self.drops.note(conn.peer, "authenticated, but a malformed %r message"
                             % message["type"][:40])
         elif message["type"] == "hello":
+            # What the link is registered as (a key of `links`), None if refused.
             conn.link = self._register(stream, message, conn.peer)
         else:
             self._handle(message)

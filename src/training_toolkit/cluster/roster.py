@@ -105,6 +105,7 @@ class _RosterServer(MasterControl):
             self._joined.notify_all()
         if old is not None and old is not stream:
             old.close()  # the node again (a restarted pod): its new connection counts
+        return rank  # what its link is registered as: a node that leaves is forgotten
 
     def worker_lost(self, rank):
         """A node that left before the roster was sent: forget its join."""
