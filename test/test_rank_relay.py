@@ -31,6 +31,18 @@ def bounded(call, timeout, what):
     return done[0]
 
 
+def waiting_exit_report(relay, what):
+    """A wrapper's exit report to `relay`, in a thread: the list its result
+    goes to, once it is checked to still wait (no acknowledgement yet)."""
+    waiting = []
+    thread = threading.Thread(target=lambda: waiting.append(
+        control.send_once(relay, None, KEY, dict(EXIT))), daemon=True)
+    thread.start()
+    time.sleep(0.5)
+    assert not waiting, "acknowledged %s" % what
+    return thread, waiting
+
+
 @pytest.fixture
 def master_and_worker():
     master = control.MasterControl(0, ["algo-2"], KEY)
@@ -80,12 +92,7 @@ def test_when_the_link_ends_a_waiting_wrapper_is_let_go_at_once(master_and_worke
     ends when the link does, not at its 30 s deadline."""
     master, worker, relay = master_and_worker
     master._message = lambda conn, message: None  # hears, never records
-    waiting = []
-    thread = threading.Thread(target=lambda: waiting.append(
-        control.send_once(relay, None, KEY, dict(EXIT))), daemon=True)
-    thread.start()
-    time.sleep(0.5)
-    assert not waiting, "acknowledged though the master never recorded the exit"
+    thread, waiting = waiting_exit_report(relay, "though the master never recorded the exit")
     master.close()
     thread.join(10)
     assert waiting == [False], "the wrapper still waits after its host's link ended"
@@ -109,12 +116,7 @@ def test_a_wrapper_whose_hosts_train_is_killed_ends_at_once():
                             text=True)
     try:
         relay = bounded(host.stdout.readline, 20, "the relay's address").strip()
-        waiting = []
-        thread = threading.Thread(target=lambda: waiting.append(
-            control.send_once(relay, None, KEY, dict(EXIT))), daemon=True)
-        thread.start()
-        time.sleep(0.5)
-        assert not waiting, "acknowledged with no master behind the relay"
+        thread, waiting = waiting_exit_report(relay, "with no master behind the relay")
         os.kill(host.pid, signal.SIGKILL)
         thread.join(10)
         assert waiting == [False], "the wrapper still waits on a killed relay"

@@ -196,20 +196,33 @@ class Stream:
         self._unsent = b""  # the end of a line a broadcast could not send at once
 
     def send(self, message):
-        with self._lock:
-            line = seal(self.key, self.outgoing, self.peer_nonce, self.sent, message)
-            self.sent += 1
-            self._unsent, unsent = b"", self._unsent + line
-            self.sock.sendall(unsent)
+        self._put(message, self.peer_nonce, wait=True)
 
     def send_without_waiting(self, message):
         """Queue `message` and send what the socket takes now; whether all
         of it went (else `flush` sends the rest, in order)."""
+        return self._put(message, self.peer_nonce, wait=False)
+
+    def acknowledge(self, message):
+        """Answer a reporter, which has no nonce of its own: the line is MACed
+        under this side's nonce (fresh for this connection), at its position."""
+        self._put(message, self.own_nonce, wait=True)
+
+    def acknowledge_without_waiting(self, message):
+        """`acknowledge`, queued as `send_without_waiting` queues."""
+        return self._put(message, self.own_nonce, wait=False)
+
+    def _put(self, message, nonce, wait):
+        """The next line, MACed under `nonce`, after what is queued: sent in
+        full (`wait`), or as far as the socket takes it now (whether all went)."""
         with self._lock:
-            line = seal(self.key, self.outgoing, self.peer_nonce, self.sent, message)
+            self._unsent += seal(self.key, self.outgoing, nonce, self.sent, message)
             self.sent += 1
-            self._unsent += line
-            return self._flush_now()
+            if not wait:
+                return self._flush_now()
+            self._unsent, unsent = b"", self._unsent
+            self.sock.sendall(unsent)
+            return True
 
     def flush(self):
         """Send what the socket takes now of what is queued; whether all went."""
@@ -247,23 +260,6 @@ class Stream:
         body = authenticate(self.key, self.incoming, self.own_nonce, self.received, line)
         self.received += 1  # the sender counted it, whatever it holds
         return parse(body)
-
-    def acknowledge(self, message):
-        """Answer a reporter, which has no nonce of its own: the line is MACed
-        under this side's nonce (fresh for this connection), at its position."""
-        with self._lock:
-            line = seal(self.key, self.outgoing, self.own_nonce, self.sent, message)
-            self.sent += 1
-            self._unsent, unsent = b"", self._unsent + line
-            self.sock.sendall(unsent)
-
-    def acknowledge_without_waiting(self, message):
-        """`acknowledge`, queued as `send_without_waiting` queues."""
-        with self._lock:
-            line = seal(self.key, self.outgoing, self.own_nonce, self.sent, message)
-            self.sent += 1
-            self._unsent += line
-            return self._flush_now()
 
     def greet(self):
         self.sock.sendall(GREETING + b" " + self.own_nonce + b"\n")
