@@ -14,13 +14,16 @@ from .errors import CheckpointNotDurableError, ClientError
 from .job.paths import remove_stop_file
 
 
-def open_for_job(job, env):
+def open_for_job(job, env, round_=0):
     """Before any user code: the checkpoint dir, the stop file and the
     resume file are exported to every rank, and where the job syncs its
     checkpoints, the prefix is checked, the job's committed checkpoint
     restored on every host and the sync started. A bad setting is 78, a
     missing bucket 78, access denied 77, a host that cannot restore its
-    share 75 on every host."""
+    share 75 on every host. A spare host opens it once promoted, before
+    the restart `round_`, with its node rank's share."""
+    if env.is_spare:
+        return
     os.environ[params.STOP_FILE_ENV] = job.paths.stop_file
     remove_stop_file(job.paths)  # an earlier attempt's
     if not params.checkpoints_requested(os.environ) and not os.path.exists(
@@ -33,10 +36,13 @@ def open_for_job(job, env):
         return
     from .resilience import checkpoints
 
-    settings = checkpoints.settings_of(os.environ, job.paths, env.current_host)
+    # A node rank's share keeps the name of the host that first held it.
+    settings = checkpoints.settings_of(os.environ, job.paths, env.checkpoint_share)
     os.environ[params.CHECKPOINT_DIR_ENV] = settings.local_dir
     os.environ[params.CHECKPOINT_RESUME_ENV] = job.paths.checkpoint_resume_file
     hosts = checkpoint_hosts(env)
+    shares = (tuple(env.checkpoint_shares) if len(hosts) > 1
+              else (env.checkpoint_share,))
     agree = link = None
     if len(hosts) > 1 and settings.mode == "sync":
         import functools
@@ -47,14 +53,14 @@ def open_for_job(job, env):
                                   control.control_port(os.environ), control.job_key_for(env))
         link = wing_reports.JOB
     wing = checkpoints.Checkpoints(settings, os.environ.get(params.S3_ENDPOINT_ENV) or None,
-                                   env.region, env.current_host, hosts, agree,
+                                   env.region, env.checkpoint_share, shares, agree,
                                    job.paths.checkpoint_resume_file, link)
     job.checkpoints = wing
     import contextlib
 
     with (job.reporter.span("checkpoint_restore") if settings.mode != "off"
           else contextlib.nullcontext()):
-        wing.open()
+        wing.open(round_)
     job.reporter.set(checkpoints=wing.status())
 
 

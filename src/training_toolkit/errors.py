@@ -209,6 +209,18 @@ class PreflightError(ClientError):
 
     exit_code = 202
 
+    def __init__(self, message, hosts=()):
+        super().__init__(message)
+        self.hosts = list(hosts)  # the hosts that failed a check, or did not report
+
+
+class HostReplacedError(ClientError):
+    """This host left the job (lost, late, or unfit) and a spare host took
+    its place (TRAINING_TOOLKIT_SPARE_HOSTS): the job goes on without it, and
+    does not take it back."""
+
+    exit_code = 203
+
 
 class SMTrainingCompilerConfigurationError(ConfigError):
     """The SageMaker Training Compiler is configured wrongly (the

@@ -158,6 +158,12 @@ RESTART_COUNT_ENV = "TRAINING_TOOLKIT_RESTART_COUNT"   # exported to each rank
 # (supervise/standby.py), from this long after the attempt's start on.
 WARM_RESTARTS_ENV = "TRAINING_TOOLKIT_WARM_RESTARTS"
 WARM_RESTART_AFTER_ENV = "TRAINING_TOOLKIT_WARM_RESTART_AFTER_S"
+# Spare hosts (job/spares.py, cluster/spares.py): the last K hosts wait, and
+# take a lost host's place in a restart; survivors get the grace to rejoin
+# first. `train` keeps the promotions in REPLACED_HOSTS for the job's processes.
+SPARE_HOSTS_ENV = "TRAINING_TOOLKIT_SPARE_HOSTS"
+SPARE_GRACE_ENV = "TRAINING_TOOLKIT_SPARE_GRACE_S"
+REPLACED_HOSTS_ENV = "TRAINING_TOOLKIT_REPLACED_HOSTS"
 # Pre-flight (resilience/preflight.py): off, basic or full.
 PREFLIGHT_ENV = "TRAINING_TOOLKIT_PREFLIGHT"
 PREFLIGHT_TIMEOUT_ENV = "TRAINING_TOOLKIT_PREFLIGHT_TIMEOUT_S"
@@ -173,7 +179,7 @@ SETTINGS = {name: _table.numeric(name) for name in (
     CHECKPOINT_DRAIN_ENV, REQUEUE_EXIT_CODE_ENV, PROCESS_ALONE_ENV, RESTARTS_ENV,
     RESTART_BACKOFF_ENV, RESTART_WINDOW_ENV, MAX_NO_PROGRESS_RESTARTS_ENV, WARM_RESTARTS_ENV,
     WARM_RESTART_AFTER_ENV, PREFLIGHT_TIMEOUT_ENV, PREFLIGHT_MIN_GBPS_ENV,
-    PREFLIGHT_MIN_FREE_GB_ENV)}
+    PREFLIGHT_MIN_FREE_GB_ENV, SPARE_HOSTS_ENV, SPARE_GRACE_ENV)}
 
 # Names of sagemaker_training.params, for framework toolkits that import them.
 # A reference name with the meaning of a name above is that same constant.

@@ -15,7 +15,8 @@ import time
 
 from . import context, log, params
 from .errors import (CheckpointRestoreError, ClusterError, CodeNotFoundError, ConfigError,
-                     ExecuteUserScriptError, HangError, NoProgressError, PreflightError)
+                     ExecuteUserScriptError, HangError, HostReplacedError, NoProgressError,
+                     PreflightError, ToolkitError)
 from .job.checks import check_requirements_file
 from .job.environment import Environment
 from .job.paths import entry_point_path, is_populated, remove_stop_file
@@ -181,7 +182,14 @@ def plan(env, entry_point=None, args=None, runner_type=None, env_vars=None, extr
     """The launch plan for this host (pure: nothing is started). An explicit
     `command` (`train -- COMMAND`) runs as each rank where the job's runner
     starts ranks (torchrun, MPI, SMDDP), else once as it is. `one_job`:
-    `train`'s own flow, where the process runner's hosts are one job."""
+    `train`'s own flow, where the process runner's hosts are one job. A
+    spare host's plan runs nothing (cluster/spares.py)."""
+    if env.is_spare:
+        from .runners.plan import LaunchPlan
+
+        return LaunchPlan("spare", env.current_host, "spare", None, notes=(
+            "a spare host (%s): it waits for a lost host's place in a restart, with no ranks "
+            "until then" % params.SPARE_HOSTS_ENV,))
     runner_type = runner_type or select(env)
     if one_job and runner_type == RunnerType.Process:
         from .runners.process import ONE_JOB
@@ -225,14 +233,15 @@ def preflight(env, reporter, attempt=0):
     if settings is None:
         return
     with reporter.span("preflight"):
-        checks.run_for_job(settings, env, os.environ, reporter, attempt)
+        checks.run_for_job(settings, env, os.environ, reporter, attempt, alone=env.is_spare)
 
 
-def run_attempts(env, supervisor, reporter, launch_plan, runner):
+def run_attempts(env, supervisor, reporter, launch_plan, runner, replan=None):
     """Run the plan; with TRAINING_TOOLKIT_RESTARTS, again after a failed
     attempt as the master decides (resilience/restarts.py): every host runs
-    its part again, after the backoff, in the same job tree. Returns the
-    last attempt's Outcome (its `next`: the decision that ended the job)."""
+    its part again, after the backoff, in the same job tree (`replan(env)`:
+    the plan again, for a world a spare host changed). Returns the last
+    attempt's Outcome (its `next`: the decision that ended the job)."""
     settings = None
     if params.restarts_requested(os.environ):  # off: nothing of it is imported
         from .resilience.restarts import settings_of
@@ -241,27 +250,34 @@ def run_attempts(env, supervisor, reporter, launch_plan, runner):
     if settings is None:
         preflight(env, reporter)
         return _phase(reporter, "run", runner.run, launch_plan, supervisor, env, reporter)
-    return AttemptLoop(env, supervisor, reporter, launch_plan, settings).run(runner)
+    return AttemptLoop(env, supervisor, reporter, launch_plan, settings, replan).run(runner)
 
 
 class AttemptLoop:
     """One host's attempts of a job with restarts in place. The master (or
     a lone host) decides after a failed attempt, inside the verdict
     (the launch plan's `decide_next`); a worker follows the decision the verdict
-    brought. Each attempt is recorded (resilience/attempts.py)."""
+    brought. Each attempt is recorded (resilience/attempts.py). With spare
+    hosts, the master keeps their pool, and a restart may put one in a
+    lost host's place (cluster/spares.py): every host's plan is made again
+    for the new world; a promoted spare's loop starts at its attempt."""
 
-    def __init__(self, env, supervisor, reporter, launch_plan, settings):
+    def __init__(self, env, supervisor, reporter, launch_plan, settings, replan=None):
         from .resilience.attempts import Attempts
 
         self.env, self.supervisor, self.reporter = env, supervisor, reporter
-        self.launch_plan, self.settings = launch_plan, settings
+        self.launch_plan, self.settings, self.replan = launch_plan, settings, replan
         self.job = context.current()
+        # A spare host promoted before restart N: its first attempt is N.
+        self.promotion = getattr(self.job, "promotion", None)
         checkpoint_dir = os.environ.get(params.CHECKPOINT_DIR_ENV) or env.paths.checkpoints_dir
         # The record goes where the job keeps its checkpoints, if it does.
         self.attempts = Attempts(env.paths, os.environ, env.current_host, checkpoint_dir,
                                  self.job is not None and self.job.checkpoints is not None,
-                                 "%s|%s" % (env.job_name, env.job_identity))
+                                 "%s|%s" % (env.job_name, env.job_identity),
+                                 first=self.promotion["attempt"] if self.promotion else 0)
         self.made = None  # the decision this host made on the current attempt
+        self.pool = None  # the master's spare hosts
 
     def durable(self):
         """The newest checkpoint known to be in S3, where the job syncs them."""
@@ -277,22 +293,33 @@ class AttemptLoop:
         failure = self.attempts.end(verdict["exit_code"], _cause(verdict, self.supervisor),
                                     verdict.get("failed_at"), verdict.get("learned_at"),
                                     self.durable())
+        failure["replaceable"] = self.pool is not None and bool(self.pool.ready())
         self.made = decide(self.settings, failure, self.attempts.history())
         return self.made.to_message()
 
     def run(self, runner):
         attempts = self.attempts
-        self.launch_plan.decide_next = self.decide_next
+        self.runner = runner
         self.reporter.set(restarts=self.settings.status())
+        ended = (1, "the master's train ended")  # what the spares hear of the job's end
         try:
+            if self.env.spare_hosts and self.env.is_master:
+                from .cluster.spares import open_pool
+
+                self.pool = open_pool(self.env)
             while True:
-                outcome = self._attempt(runner)
+                self.launch_plan.decide_next = self.decide_next
+                outcome = self._attempt()
                 decision = self._conclude(outcome)
+                ended = (outcome.exit_code if not outcome.terminated_by_us
+                         else outcome.exit_code or 143,
+                         "the job ended%s" % (" (%s)" % outcome.where if outcome.where else ""))
                 if decision is None:
                     attempts.save()
                     return outcome
                 attempts.decided(decision)
                 outcome.next = decision.to_message()
+                ended = (decision.exit_code, decision.reason)
                 self.reporter.set(resilience=attempts.summary())
                 if not decision.restart:
                     log.info("not restarting: %s" % decision.reason)
@@ -301,44 +328,98 @@ class AttemptLoop:
                     attempts.number, outcome.exit_code or 143,
                     " (%s)" % outcome.where if outcome.where else "", decision.reason))
                 _sleep(decision.backoff_s)  # a SIGTERM here ends the job (143), no more attempts
+        except ToolkitError as error:
+            ended = (error.exit_code, error.message.splitlines()[0] if error.message else "")
+            raise
         finally:
+            if self.pool is not None:
+                self.pool.end(*ended)
             self.launch_plan.decide_next = None
             self.supervisor.standby.expect(None)
             self.supervisor.standby.discard()
             self.reporter.set(resilience=attempts.summary())
 
-    def _attempt(self, runner):
-        """One attempt: the hosts rejoin (before a restart), the pre-flight, the runner."""
-        attempts, plan = self.attempts, self.launch_plan
+    def _attempt(self):
+        """One attempt: the hosts rejoin (before a restart; with spares, a
+        host that did not, or failed the pre-flight, replaced), the
+        pre-flight, the runner."""
+        attempts = self.attempts
         self.made = None
-        attempts.begin()
-        for variables in (plan.user_env, plan.command and plan.command.env):
-            if variables is not None:
-                variables[params.RESTART_COUNT_ENV] = str(attempts.number)
+        entry = attempts.begin()
+        if self.promotion is not None and attempts.number == self.promotion["attempt"]:
+            entry["promotions"] = self.promotion["promotions"]
+        self._number_attempt()
         self.reporter.set(resilience=attempts.summary())
         self.supervisor.standby.expect(self._warm_next())
         if attempts.number:  # the previous attempt's: its ranks would stop at once
             remove_stop_file(self.env.paths)
         try:
-            if attempts.number:
-                from .cluster.rejoin import rejoin_for_attempt
-
-                rejoin_for_attempt(self.env, plan, attempts.number)
-                if self.job is not None and self.job.checkpoints is not None:
-                    self.job.checkpoints.restore_for_attempt(attempts.number)
-            preflight(self.env, self.reporter, attempts.number)
-            outcome = _phase(self.reporter, "run", runner.run, plan, self.supervisor, self.env,
-                             self.reporter)
+            self._rejoin_and_check(entry)
+            outcome = _phase(self.reporter, "run", self.runner.run, self.launch_plan,
+                             self.supervisor, self.env, self.reporter)
             if attempts.number:
                 attempts.entries[-1]["warm_start"] = self.supervisor.standby.started_warm
             return outcome
-        except (ClusterError, PreflightError, CheckpointRestoreError) as error:
-            # a host lost, not fit to run, or without the job's checkpoint
+        except (ClusterError, PreflightError, CheckpointRestoreError, HostReplacedError) \
+                as error:
+            # a host lost, not fit to run, or without the job's checkpoint; this one replaced
             attempts.end(error.exit_code, "preflight" if isinstance(error, PreflightError)
                          else "restore" if isinstance(error, CheckpointRestoreError)
-                         else "lost")
+                         else "replaced" if isinstance(error, HostReplacedError) else "lost")
             attempts.save()
             raise
+
+    def _number_attempt(self):
+        plan = self.launch_plan
+        for variables in (plan.user_env, plan.command and plan.command.env):
+            if variables is not None:
+                variables[params.RESTART_COUNT_ENV] = str(self.attempts.number)
+
+    def _rejoin_and_check(self, entry):
+        """Before a restart, the rejoin and the restore; then the pre-flight.
+        A host that fails the pre-flight before a restart, in a job with
+        spares, is replaced in a rejoin again (the master abandons the job,
+        202, where no spare is left)."""
+        number = self.attempts.number
+        promoted_here = self.promotion is not None and number == self.promotion["attempt"]
+        unfit = {}
+        for try_ in range(len(self.env.hosts) + 1):
+            if number and not (promoted_here and try_ == 0):
+                from .cluster.rejoin import rejoin_for_attempt
+
+                go = rejoin_for_attempt(self.env, self.launch_plan, number, self.pool, unfit,
+                                        try_)
+                if go.get("promotions"):
+                    entry.setdefault("promotions", []).extend(go["promotions"])
+                    self._new_world(go["replaced"])
+                if self.job is not None and self.job.checkpoints is not None:
+                    self.job.checkpoints.restore_for_attempt(number)
+            try:
+                preflight(self.env, self.reporter, number)
+                return
+            except PreflightError as error:
+                if not (number and self.env.spare_hosts and error.hosts) or \
+                        self.env.master_hostname in error.hosts:
+                    raise  # the master cannot be replaced
+                unfit = {host: "it failed the pre-flight before restart %d" % number
+                         for host in error.hosts}
+                log.warning("the pre-flight before restart %d failed on %s: a spare host takes "
+                            "%s place where one is left" % (number, ", ".join(error.hosts),
+                                                            "their" if len(error.hosts) > 1
+                                                            else "its"))
+
+    def _new_world(self, replaced):
+        """A spare took a host's place: this host's environment and plan
+        again, for the new world (SM_HOSTS, the node ranks, the host list)."""
+        os.environ[params.REPLACED_HOSTS_ENV] = replaced
+        self.env = Environment.read(self.env.paths)
+        self.launch_plan = self.replan(self.env)
+        self.launch_plan.decide_next = self.decide_next
+        self.runner = load_for(self.launch_plan)
+        self._number_attempt()
+        if self.job is not None and self.job.checkpoints is not None:
+            self.job.checkpoints.rehost(self.env.hosts)
+        self.reporter.set(hosts=list(self.env.hosts))
 
     def _warm_next(self):
         """What the next attempt's start differs in, while one may follow
@@ -411,13 +492,18 @@ def launch(env, supervisor, reporter, entry_point=None, args=None, runner_type=N
         cmd = launch_plan.command
         return supervisor.start(cmd.argv, env=cmd.full_env(), cwd=cmd.cwd, relay_stderr=False)
     runner = load_for(launch_plan)
-    command = launch_plan.command.shell_line() if launch_plan.command else None
-    reporter.set(runner=launch_plan.runner, role=launch_plan.role, command=command,
+    line = launch_plan.command.shell_line() if launch_plan.command else None
+    reporter.set(runner=launch_plan.runner, role=launch_plan.role, command=line,
                  **launch_plan.status)
     log.info("running %s (%s runner, %s): %s" % (
         entry_point or "the job", launch_plan.runner, launch_plan.role,
-        command or "serving the master's ranks"))
-    outcome = run_attempts(env, supervisor, reporter, launch_plan, runner)
+        line or "serving the master's ranks"))
+
+    def replan(env_now):  # for the world a spare host joined
+        return plan(env_now, entry_point, args, runner_type, env_vars, extra_opts, command,
+                    one_job)
+
+    outcome = run_attempts(env, supervisor, reporter, launch_plan, runner, replan)
     if outcome.next is not None and outcome.next.get("storm"):
         raise NoProgressError("%s; the last attempt failed with exit code %d%s" % (
             outcome.next["reason"], outcome.exit_code,

@@ -44,6 +44,7 @@ GROUPS = (
 _T = PREFIX
 _GRACE_MAX = 86400  # a day: longer is a mistake, and timers cannot wait forever
 _R = "restarts.md#what-you-set"
+_SPARES = "restarts.md#spare-hosts"
 _C = "checkpoints.md#what-you-set"
 _H = "resilience.md#what-you-set"
 _P = "preflight.md#the-variables"
@@ -194,6 +195,12 @@ TABLE = (
      "holds CAP_SYS_NICE)", _R),
     (_T + "WARM_RESTART_AFTER_S", "float", 10.0, (0, None), EVERY_HOST, "restarts",
      "how long into an attempt its warm standby starts", _R),
+    (_T + "SPARE_HOSTS", "int", 0, (0, None), EVERY_HOST, "restarts",
+     "the last N hosts are spares: they wait, and take a lost host's place in a restart",
+     _SPARES),
+    (_T + "SPARE_GRACE_S", "float", None, (0, 3600), MASTER, "restarts",
+     "how long a restart waits for the last attempt's hosts before a spare takes a missing "
+     "one's place (default: 3, or 2 ms a host where that is longer)", _SPARES),
     # --- pre-flight ---
     (_T + "PREFLIGHT", "choice", "off", ("off", "basic", "full"), EVERY_HOST, "preflight",
      "the job's pre-flight on every host", _P),
@@ -213,6 +220,9 @@ TABLE = (
     # --- exported for the ranks ---
     (_T + "RESTART_COUNT", "int", 0, (0, None), USER, "exported",
      "the attempt's number (0 on the first)", _R),
+    (_T + "REPLACED_HOSTS", "str", None, None, USER, "exported",
+     "the promotions so far, lost=spare pairs: every process of the job sees the same world",
+     _SPARES),
     (_T + "HEARTBEAT_FILE", "path", None, None, USER, "exported",
      "the rank's heartbeat file (progress and phase)", "resilience.md#progress"),
     (_T + "CHECKPOINT_RESUME", "path", None, None, USER, "exported",

@@ -193,10 +193,17 @@ def run_job(argv=()):
                 os.makedirs(d, exist_ok=True)
             except OSError as e:  # the job may not need it; the verdict says what was lost
                 log.error("cannot create %s: %s" % (d, e.strerror or e))
-        checkpoint_wing.open_for_job(job, env)
+        hook = None if command else env.framework_module
+        prepared = False
+        if env.is_spare:
+            env = _wait_as_spare(job, env, hook, command)
+            if env is None:  # the job ended 0 while this host waited
+                return _succeed(job)
+            prepared = not hook
+        checkpoint_wing.open_for_job(
+            job, env, job.promotion["attempt"] if job.promotion is not None else 0)
         if env.s3_output:
             _start_intermediate_sync(job, env)
-        hook = None if command else env.framework_module
         if hook:
             from .runners.plan import plain_names
 
@@ -205,6 +212,8 @@ def run_job(argv=()):
             os.environ.update(plain_names(env))  # where the reference's hooks find them
             call_framework_hook(hook)
             reporter.end()
+        elif prepared:  # a promoted spare: its code is here and installed
+            pipeline.launch(env, supervisor, reporter, command=command, one_job=True)
         else:
             pipeline.execute(env, supervisor, reporter, command=command)
         return _succeed(job)
@@ -229,6 +238,37 @@ def run_job(argv=()):
                                   "%s\n%s" % (traceback.format_exception_only(
                                       *sys.exc_info()[:2])[-1].strip(), traceback.format_exc()))
         return _fail(job, error)
+
+
+def _wait_as_spare(job, env, hook, command):
+    """A spare host (TRAINING_TOOLKIT_SPARE_HOSTS): the code fetched and
+    installed (the default flow's), its own pre-flight, then the wait in
+    the master's pool (cluster/spares.py). Returns the Environment of the
+    world it was promoted into, or None where the job ended 0; a job that
+    failed raises its error, with its exit code."""
+    from .cluster import ssh
+    from .cluster.spares import wait_as_spare
+
+    reporter = job.reporter
+    reporter.set(role="spare", runner="spare")
+    if not hook:
+        pipeline.prepare(env, job.supervisor, reporter, entry_point=None if command else (
+            env.user_entry_point or None))
+    pipeline.preflight(env, reporter)
+    reporter.begin("spare")
+    deadline = time.monotonic() + ssh.deadline_seconds(os.environ)
+    promotion = wait_as_spare(env, reporter, deadline)
+    reporter.end()
+    if promotion is None:
+        return None
+    job.promotion = promotion
+    os.environ[params.REPLACED_HOSTS_ENV] = promotion["replaced"]
+    promoted = Environment.read(job.paths)
+    log.warning("this spare host takes the place of %s from restart %d on" % (
+        ", ".join(p["left"] for p in promotion["promotions"]
+                  if p["spare"] == promoted.current_host), promotion["attempt"]))
+    reporter.set(host=promoted.current_host)
+    return promoted
 
 
 def _start_intermediate_sync(job, env):

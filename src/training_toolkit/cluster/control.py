@@ -45,6 +45,8 @@ import threading
 import time
 
 from .. import backoff, log, params
+from ..errors import HostReplacedError
+from ..job.spares import parse_replaced
 from . import rank_relay, wing_reports
 from .server import ControlServer, _keepalive
 from .verdict import Ledger
@@ -151,6 +153,8 @@ class MasterControl(Ledger, ControlServer):
         self.optional = set(optional) - self.workers  # may join; not waited for
         self._known_hosts = self.workers | self.optional
         self.links = {}          # worker host -> its Stream
+        # Hosts whose place a spare took (job/spares.py): told so, never taken back.
+        self.replaced = dict(parse_replaced(os.environ.get(params.REPLACED_HOSTS_ENV, "")))
         self.drops = DropLog()
         self._joined = threading.Condition()  # around `links`
         ControlServer.__init__(self, "" if self._known_hosts else "127.0.0.1", port, key,
@@ -190,6 +194,10 @@ class MasterControl(Ledger, ControlServer):
         if "node_rank" in hello:  # a roster join (roster.py) come late: the roster is out
             self.drops.note(peer, "a roster join from %r after the roster was handed out"
                             % hello["host"][:80])
+            stream.close()
+            return
+        if hello["host"] in self.replaced:
+            stream.send({"type": "replaced", "by": self.replaced[hello["host"]]})
             stream.close()
             return
         host = self._known(hello["host"])
@@ -265,15 +273,17 @@ class MasterControl(Ledger, ControlServer):
         with self._joined:
             return sorted(self.links)
 
-    def broadcast(self, message, deadline_s=SEND_DEADLINE_S):
-        """`message` to every linked worker at once: what a worker's socket
-        does not take at once is sent as it does, for `deadline_s` at most;
-        a worker that has not taken it by then is dropped and named (its
-        link closed: a lost host), never waited for longer."""
+    def broadcast(self, message, deadline_s=SEND_DEADLINE_S, only=None):
+        """`message` to every linked worker at once (or those of `only`):
+        what a worker's socket does not take at once is sent as it does, for
+        `deadline_s` at most; a worker that has not taken it by then is
+        dropped and named (its link closed: a lost host), never waited for
+        longer."""
         import selectors
 
         with self._joined:
-            links = list(self.links.items())
+            links = [(host, stream) for host, stream in self.links.items()
+                     if only is None or host in only]
         waiting = selectors.DefaultSelector()  # epoll: any number of sockets
         for host, stream in links:
             try:
@@ -364,6 +374,12 @@ class WorkerLink:
                 if welcome is None or isinstance(welcome, Rejected):
                     sock.close()
                     raise Refused(welcome or "connection closed")
+                if welcome.get("type") == "replaced":
+                    sock.close()
+                    raise HostReplacedError(
+                        "this host (%s) left the job, and the spare host %s took its place: "
+                        "the job goes on without it (%s)" % (host, welcome.get("by"),
+                                                              params.SPARE_HOSTS_ENV))
                 sock.settimeout(None)
                 return cls(stream)
             except OSError as e:

@@ -55,7 +55,7 @@ def learned_verdict(reporter, how):
 def outcome_from(message, terminated):
     """The Outcome a verdict message describes; raises ClusterError when the
     job ended because a worker's `train` was lost."""
-    if message.get("lost"):
+    if message.get("lost") and not (message.get("next") or {}).get("restart"):
         raise ClusterError("lost the worker host %s: its train ended before the job did "
                            "(the host died or was stopped)" % message["host"])
     hang = None

@@ -59,18 +59,20 @@ CHUNK = 1 << 20
 # idle no longer than this.
 PEER_IDLE_S = 10.0
 
-def run_for_job(settings, env, environ, reporter, attempt=0):
+def run_for_job(settings, env, environ, reporter, attempt=0, alone=False):
     """This host's pre-flight before `attempt` (its round), decided job-wide
     (see the module docstring): returns when no host failed hard, else
     raises PreflightError naming each failed host and check. Before a
     restart (`attempt` > 0), the basic checks whatever the level, recorded
-    beside the first pre-flight's."""
+    beside the first pre-flight's. `alone`: this host's own checks only
+    (a spare host's, before it joins the spares' pool)."""
     round_ = attempt
     level = "basic" if attempt else settings.level
     results = env.paths.preflight_file_for(attempt)
     started = time.monotonic()
     deadline = started + settings.timeout_s
-    hosts, me = list(env.hosts), env.current_host
+    me = env.current_host
+    hosts = [me] if alone else list(env.hosts)
     rank, n = hosts.index(me), len(hosts)
     record = HostRecord(level, me, round_, time.time())
     log.info("pre-flight (%s, round %d) of %s, %d host(s), within %g s"
@@ -122,14 +124,16 @@ def run_for_job(settings, env, environ, reporter, attempt=0):
     record.write(results)
     reporter.set(preflight_checks=record.summary(time.monotonic() - started))
     if failures:
-        raise PreflightError(preflight.failure_message(level, failures))
+        raise PreflightError(preflight.failure_message(level, failures),
+                             hosts=preflight.failed_hosts(failures, hosts))
     log.info("pre-flight (%s): every check of %d host(s) passed in %.2f s"
              % (level, n, time.monotonic() - started))
 
 
 def _tasks(settings, level, env, environ, key, peer_port, round_, deadline):
     """(name, fn) of this host's checks that run side by side."""
-    hosts, me = list(env.hosts), env.current_host
+    me = env.current_host
+    hosts = [me] if alone else list(env.hosts)
     rank, n = hosts.index(me), len(hosts)
     tasks = [(label, lambda label=label, path=path: probes.disk(label, path,
                                                                  settings.min_free_gb))

@@ -11,7 +11,9 @@ job ends as any job that lost a host (79), on every host that is left.
 import os
 import time
 
-from ..errors import ClusterError, some_of
+from .. import params
+
+from ..errors import ClusterError, PreflightError, some_of
 from . import control
 from .control import MasterControl, Refused, WorkerLink
 
@@ -31,28 +33,21 @@ def rejoin_s(hosts):
     return max(REJOIN_S, hosts * REJOIN_PER_HOST_S)
 
 
-def rejoin(master, hosts, host, port, key, attempt):
+def rejoin(master, hosts, host, port, key, attempt, pool=None, unfit=None, try_=0):
     """Every host of `hosts` is back for `attempt`, or ClusterError naming
-    the ones that are not (on the master) or the master (on a worker)."""
+    the ones that are not (on the master) or the master (on a worker).
+    With spares (`pool`, the master's), a host missing when the grace has
+    passed, or one of `unfit` (host -> why: it failed the pre-flight), is
+    replaced by a spare where one is linked (cluster/spares.py). Returns
+    the `go`: its `promotions`, and `replaced` (every promotion so far, as
+    TRAINING_TOOLKIT_REPLACED_HOSTS says them)."""
     wait_s = rejoin_s(len(hosts))
-    deadline = time.monotonic() + wait_s
+    started = time.monotonic()
+    deadline = started + wait_s
+    unfit = dict(unfit or {})
     if host == master:
-        workers = [h for h in hosts if h != master]
-        control = MasterControl(port, workers, key)
-        try:
-            missing = control.wait_for_workers(deadline)
-            if missing:
-                control.broadcast({"type": "abandon", "attempt": attempt, "missing": missing})
-                raise ClusterError("lost the worker host%s %s between attempts: %s did not "
-                                   "rejoin for restart %d within %.0f s" % (
-                                       "s" if len(missing) > 1 else "", some_of(missing),
-                                       "they" if len(missing) > 1 else "it", attempt, wait_s))
-            # Closed first: a worker's next connection is to the attempt's own channel.
-            control.stop_listening()
-            control.broadcast({"type": "go", "attempt": attempt})
-        finally:
-            control.close()
-        return
+        return _master(hosts, master, port, key, attempt, pool, unfit, try_, started, deadline,
+                       wait_s)
     # The previous attempt's control server may still take this host's hello
     # (the master closes it only after its verdict went out), then close:
     # until the deadline, that is a reason to connect again, not a lost master.
@@ -69,25 +64,78 @@ def rejoin(master, hosts, host, port, key, attempt):
             message = link.receive()
         finally:
             link.close()
-        if message and message.get("attempt") == attempt:
+        if message and message.get("attempt") == attempt and message.get("try", 0) == try_:
             if message.get("type") == "go":
-                return
+                return message
             if message.get("type") == "abandon":
-                raise ClusterError("the master %s ended the job before restart %d: it lost %s"
-                                   % (master, attempt, ", ".join(map(str, message["missing"]))))
+                error = PreflightError if message.get("exit_code") == PreflightError.exit_code \
+                    else ClusterError
+                raise error("the master %s ended the job before restart %d: %s" % (
+                    master, attempt, message.get("reason") or "it lost " + ", ".join(
+                        map(str, message["missing"]))))
         if time.monotonic() >= deadline:
             raise ClusterError("lost the master host %s between attempts: it ended the job "
                                "before restart %d" % (master, attempt))
         time.sleep(0.05)
 
 
-def rejoin_for_attempt(env, launch_plan, attempt):
+def _master(hosts, master, port, key, attempt, pool, unfit, try_, started, deadline, wait_s):
+    from .spares import grace_s, promote
+
+    workers = [h for h in hosts if h != master and h not in unfit]
+    control = MasterControl(port, workers, key)
+    try:
+        promotions = []
+        if pool is not None and pool.ready():
+            # Survivors first: none loses its place to a spare before the grace.
+            missing = control.wait_for_workers(
+                min(deadline, started + grace_s(os.environ, len(hosts))))
+            gone = dict(unfit, **{h: "did not rejoin within the grace" for h in missing})
+            promotions = promote(pool, gone, hosts, attempt)
+            taken = {p.left for p in promotions}
+            unfit = {h: why for h, why in unfit.items() if h not in taken}
+            with control._joined:  # the promoted spares' places: not waited for
+                control.workers -= taken
+            control.replaced.update((p.left, p.spare) for p in promotions)
+        if unfit:
+            reason = "no spare host left to take the place of %s, which failed the pre-flight" \
+                % some_of(sorted(unfit))
+            control.broadcast({"type": "abandon", "attempt": attempt, "try": try_,
+                               "missing": sorted(unfit), "reason": reason,
+                               "exit_code": PreflightError.exit_code})
+            raise PreflightError("%s before restart %d: %s" % (
+                reason, attempt, "; ".join(unfit[h] for h in sorted(unfit))), hosts=sorted(unfit))
+        missing = control.wait_for_workers(deadline)
+        if missing:
+            control.broadcast({"type": "abandon", "attempt": attempt, "try": try_,
+                               "missing": missing})
+            raise ClusterError("lost the worker host%s %s between attempts: %s did not "
+                               "rejoin for restart %d within %.0f s%s" % (
+                                   "s" if len(missing) > 1 else "", some_of(missing),
+                                   "they" if len(missing) > 1 else "it", attempt, wait_s,
+                                   ", and no spare host was left to take %s place" % (
+                                       "their" if len(missing) > 1 else "its")
+                                   if pool is not None else ""))
+        # Closed first: a worker's next connection is to the attempt's own channel.
+        control.stop_listening()
+        go = {"type": "go", "attempt": attempt, "try": try_,
+              "promotions": [p.to_message() for p in promotions],
+              "replaced": os.environ.get(params.REPLACED_HOSTS_ENV, "")}
+        control.broadcast(go)
+        return go
+    finally:
+        control.close()
+
+
+def rejoin_for_attempt(env, launch_plan, attempt, pool=None, unfit=None, try_=0):
     """`rejoin` for a job's attempt (the attempt loop's, pipeline.py), on a
-    host of a multi-host job: a host lost in the backoff is named (79)."""
+    host of a multi-host job: a host lost in the backoff is named (79), or
+    replaced by a spare. Returns the `go` ({} where no rejoin is needed)."""
     settings = launch_plan.settings
     hosts = list(getattr(settings, "hosts", None) or env.hosts)
     if launch_plan.role not in ("master", "worker") or len(hosts) < 2 or \
             env.orchestrator == "mpijob":  # its workers run the operator's sshd, not `train`
-        return
-    rejoin(getattr(settings, "master", None) or env.master_hostname, hosts, env.current_host,
-           control.control_port(os.environ), control.job_key_for(env), attempt)
+        return {}
+    return rejoin(getattr(settings, "master", None) or env.master_hostname, hosts,
+                  env.current_host, control.control_port(os.environ), control.job_key_for(env),
+                  attempt, pool, unfit, try_)

@@ -114,6 +114,15 @@ def read_fields(paths, environ, resource_config, input_data_config, hyperparamet
         resource_config = resource_config or {"current_host": LOCAL_HOST, "hosts": [LOCAL_HOST]}
     hosts = checks.check_hosts(resource_config, rc_file, in_rank_order=orchestrated is not None)
     current_host = resource_config.get("current_host")
+    world = None
+    if environ.get(params.SPARE_HOSTS_ENV, "").strip() not in ("", "0"):
+        from . import spares
+
+        world = spares.world_of(hosts, environ, rc_file)
+        checks.check_instance_groups(resource_config.get("instance_groups") or [], hosts,
+                                     rc_file)  # as given, before the spares leave them
+        resource_config = spares.resource_config_of(resource_config, world)
+        hosts = list(world.hosts)
     instance_type = resource_config.get("current_instance_type", "local")
     interface = resource_config.get("network_interface_name", "eth0")
     check_text(instance_type, rc_file, "current_instance_type")
@@ -166,7 +175,9 @@ def read_fields(paths, environ, resource_config, input_data_config, hyperparamet
         check_text(entry_point, *job["entry_point_source"])
         entry_point_path(code_dir, entry_point, *job["entry_point_source"])
 
-    placement = _placement(paths, resource_config, hosts, framework_params, distributes)
+    is_spare = current_host not in hosts
+    placement = _placement(paths, resource_config, hosts, framework_params, distributes,
+                           in_world_order=world is not None)
     if orchestrated is not None and orchestrated.role == "launcher" and \
             orchestrated.current_host not in orchestrated.hosts:
         # The launcher runs mpirun, and the ranks run on the hostfile's hosts.
@@ -199,10 +210,16 @@ def read_fields(paths, environ, resource_config, input_data_config, hyperparamet
         **placement,
         hosts=hosts,
         current_host=current_host,
-        current_host_rank=hosts.index(current_host),
+        # A spare's: its place in the job's host list, after the world's.
+        current_host_rank=(hosts.index(current_host) if not is_spare
+                           else len(hosts) + world.spares.index(current_host)),
         host_count=len(hosts),
         current_instance_type=instance_type,
         is_master=current_host == master,
+        is_spare=is_spare,
+        spare_hosts=list(world.spares) if world is not None else [],
+        checkpoint_share=world.share_of(current_host) if world is not None else current_host,
+        checkpoint_shares=list(world.shares) if world is not None else list(hosts),
         orchestrator=orchestrated.orchestrator if orchestrated is not None else None,
         job_identity=orchestrated.identity if orchestrated is not None else None,
         master_port=master_port,
@@ -288,10 +305,12 @@ def _launch_as_orchestrated(placement, job, framework_params):
         framework_params.setdefault(params.MPI_PROCESSES_PER_HOST, placement.processes_per_host)
 
 
-def _placement(paths, resource_config, hosts, framework_params, distributes):
+def _placement(paths, resource_config, hosts, framework_params, distributes,
+               in_world_order=False):
     """The instance groups and the hosts a distributed runner spans (those of
     the distribution instance groups; every host without groups), and its
-    master: the first of them."""
+    master: the first of them. `in_world_order`: with spares, the hosts
+    keep their node ranks (a promoted spare in its lost host's), unsorted."""
     rc_file = paths.resource_config_file
     groups = resource_config.get("instance_groups") or []
     checks.check_instance_groups(groups, hosts, rc_file)
@@ -309,6 +328,8 @@ def _placement(paths, resource_config, hosts, framework_params, distributes):
     if groups:
         dist_hosts = sorted(h for g in groups if g["instance_group_name"] in dist_groups
                             for h in g["hosts"])
+        if in_world_order:
+            dist_hosts = [h for h in hosts if h in set(dist_hosts)]
     else:
         dist_hosts = list(hosts)
     return dict(

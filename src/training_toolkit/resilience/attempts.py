@@ -54,9 +54,12 @@ def newest_checkpoint(checkpoint_dir, marker):
 class Attempts:
     """This host's attempts of the job (one `train`)."""
 
-    def __init__(self, paths, environ, host, checkpoint_dir, record_in_checkpoints, job):
+    def __init__(self, paths, environ, host, checkpoint_dir, record_in_checkpoints, job,
+                 first=0):
         """`job`: what names this job alike in each of its `train`s (a record
-        another job left in a reused dir or tree is not this job's)."""
+        another job left in a reused dir or tree is not this job's).
+        `first`: the number of this `train`'s first attempt (a spare host
+        promoted before restart N joins at N)."""
         self.paths = paths
         self.job = job
         self.host = host
@@ -72,6 +75,7 @@ class Attempts:
         self.orchestrator_restart = _orchestrator_restart(environ)
         self.restart_times = []
         self.entries = []
+        self.first = first
 
     def _load(self):
         try:
@@ -84,13 +88,13 @@ class Attempts:
     @property
     def number(self):
         """The current attempt's number in this `train` (its RESTART_COUNT)."""
-        return max(len(self.entries) - 1, 0)
+        return self.first + max(len(self.entries) - 1, 0)
 
     def begin(self, restored_from=None):
         """An attempt starts now (before its ranks)."""
         now = time.time()
         start_ckpt = newest_checkpoint(self.checkpoint_dir, self.marker)
-        entry = {"attempt": len(self.entries), "host": self.host, "started": now,
+        entry = {"attempt": self.first + len(self.entries), "host": self.host, "started": now,
                  "orchestrator_restart": self.orchestrator_restart,
                  "restored_from": restored_from or (start_ckpt[0] if start_ckpt else None)}
         if self.entries:

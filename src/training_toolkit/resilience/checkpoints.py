@@ -88,7 +88,17 @@ class Checkpoints:
                                      max_attempts=REQUEST_ATTEMPTS)
         return self._client
 
-    def open(self):
+    def rehost(self, hosts):
+        """A spare took a host's place: the restores agree among `hosts`
+        (the world's names; each share keeps its own)."""
+        import functools
+
+        agree = self.agree
+        if isinstance(agree, functools.partial) and agree.args:
+            self.agree = functools.partial(agree.func, tuple(hosts), *agree.args[1:],
+                                           **agree.keywords)
+
+    def open(self, round_=0):
         """Before any user code: make the dir, check the prefix, restore the
         job's committed checkpoint on every host (sync mode) and start the
         sync. A bucket that does not exist is 78, access denied 77; a host
@@ -100,7 +110,7 @@ class Checkpoints:
             return self
         unreachable = self._reachable()
         if s.mode == "sync":
-            self._restore(unreachable)
+            self._restore(unreachable, round_)
         else:
             self.write_resume_file()
         return self

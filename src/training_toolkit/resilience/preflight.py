@@ -262,6 +262,12 @@ def failure_lines(reports, missing, timeout_s):
     return lines
 
 
+def failed_hosts(lines, hosts):
+    """The hosts of `hosts` that `lines` (failure_lines') name."""
+    named = {host for line in lines for host in line.partition(": ")[0].split(", ")}
+    return [host for host in hosts if host in named]
+
+
 def failure_message(level, lines):
     """The PreflightError's message: its first line (what stderr shows)
     names the failed check, or how many failed and on which hosts; the

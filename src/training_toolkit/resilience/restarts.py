@@ -145,7 +145,8 @@ class Decision:
 def decide(settings, failure, history):
     """The Decision after a failed attempt. `failure`: {"exit_code", "cause"
     ("failure", "hang", "stop", "lost"), "progress" (True, False, or None
-    where the job has no measure of it)}. `history`: (restarts done in
+    where the job has no measure of it), "replaceable" (a spare host is
+    ready to take a lost host's place)}. `history`: (restarts done in
     this `train` with their monotonic times, attempts in a row without
     progress before this one, across the orchestrator's restarts too, the
     monotonic time now) as an AttemptHistory."""
@@ -158,9 +159,9 @@ def decide(settings, failure, history):
 
     if cause == "stop":
         return end("stopped by a signal: no restart")
-    if cause == "lost":
+    if cause == "lost" and not failure.get("replaceable"):
         return end("a host was lost: left to the orchestrator")
-    if cause not in settings.on:
+    if cause not in settings.on and cause != "lost":  # a lost host's place goes to a spare
         return end("%s=%s: a %s is not restarted" % (
             params.RESTART_ON_ENV, ",".join(sorted(settings.on)), cause))
     if code in settings.no_restart_codes:
