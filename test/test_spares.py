@@ -40,8 +40,8 @@ def run(rank, world, collective):
             start = json.load(f)["step"]
     seen = os.path.join(os.path.dirname(ckpt), "seen-%d-%d" % (attempt, rank))
     with open(seen, "w") as f:
-        json.dump({"host": os.environ["SM_CURRENT_HOST"], "hosts": json.loads(os.environ["SM_HOSTS"]),
-                   "start": start, "group_rank": os.environ.get("GROUP_RANK")}, f)
+        json.dump({"host": os.environ["SM_CURRENT_HOST"], "start": start,
+                   "hosts": json.loads(os.environ["SM_HOSTS"])}, f)
     for step in range(start, steps):
         collective()
         if rank == 0:
@@ -202,3 +202,133 @@ def test_a_killed_host_is_replaced_by_the_spare_and_the_job_ends_0(tmp_path, kin
             assert view["start"] >= 5, view  # from the checkpoint
         assert not os.path.exists(os.path.join(job.root, "seen-0-%d" % ranks))
         assert checkpointed(job) == 40
+
+
+# The last rank crashes on the first attempt: a restart that every host survives.
+CRASHES_FIRST = """
+import os, sys, time
+attempt = int(os.environ["TRAINING_TOOLKIT_RESTART_COUNT"])
+host = os.environ["SM_CURRENT_HOST"]
+open(os.path.join(os.environ["SHARED"], "ran-%d-%s" % (attempt, host)), "w").close()
+if attempt == 0:
+    if host == "algo-2":
+        sys.exit(3)
+    time.sleep(60)  # stopped by algo-2's failure
+time.sleep(3)  # the restart runs while a host that came too late hears so
+"""
+
+
+def wait_for_decision(job, host, attempt=0, timeout=120):
+    deadline = time.monotonic() + timeout
+    while True:
+        if job.exists(host, "output", "data", "resilience.json"):
+            records = attempts_of(job, host)
+            if len(records) > attempt and records[attempt].get("decision"):
+                return records[attempt]["decision"]
+        assert time.monotonic() < deadline, "attempt %d never ended on %s" % (attempt, host)
+        assert all(r.proc.poll() is None for r in job.runs.values()), job.codes()
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("late_s, grace_s, replaced", [(1.0, 6, False), (4.0, 1, True)])
+def test_a_late_survivor_keeps_its_place_within_the_grace_and_loses_it_after(
+        tmp_path, late_s, grace_s, replaced):
+    """algo-2's `train` is stopped (SIGSTOP) through the backoff and
+    `late_s` beyond it: within the grace it keeps node rank 1 and the spare
+    runs nothing; after it, the spare takes its place, and algo-2, resumed,
+    hears so and exits 203 without running again."""
+    with ClusterJob(tmp_path, 3, {"train.py": CRASHES_FIRST}) as job:
+        job.start(TRAINING_TOOLKIT_RESTARTS=1, TRAINING_TOOLKIT_SPARE_HOSTS=1,
+                  TRAINING_TOOLKIT_RESTART_BACKOFF_S=0.5, TRAINING_TOOLKIT_SPARE_GRACE_S=grace_s,
+                  SM_TERMINATION_GRACE_SECONDS=10, SHARED=job.root)
+        assert wait_for_decision(job, "algo-2")["restart"] is True
+        job.signal("algo-2", signal.SIGSTOP)
+        time.sleep(0.5 + late_s)
+        job.signal("algo-2", signal.SIGCONT)
+        job.wait(timeout=120)
+        ran = sorted(name for name in os.listdir(job.root) if name.startswith("ran-"))
+        if not replaced:
+            assert job.codes() == {"algo-1": 0, "algo-2": 0, "algo-3": 0}, errors(job)
+            assert ran == ["ran-0-algo-1", "ran-0-algo-2", "ran-1-algo-1", "ran-1-algo-2"]
+            assert "promotions" not in attempts_of(job, "algo-1")[1]
+            assert status_of(job, "algo-3")["spare"]["state"] == "ended"
+            return
+        assert job.codes() == {"algo-1": 0, "algo-2": 203, "algo-3": 0}, errors(job)
+        assert ran == ["ran-0-algo-1", "ran-0-algo-2", "ran-1-algo-1", "ran-1-algo-3"]
+        failure = job.read("algo-2", "output", "failure")
+        assert failure.startswith("HostReplacedError: this host (algo-2) left the job, and the "
+                                  "spare host algo-3 took its place"), failure
+        assert attempts_of(job, "algo-2")[-1]["cause"] == "replaced"
+
+
+# algo-2 fills its checkpoint disk on the first attempt and fails; the
+# pre-flight before the restart finds the disk full.
+FILLS_ITS_DISK = """
+import os, sys, time
+attempt = int(os.environ["TRAINING_TOOLKIT_RESTART_COUNT"])
+if attempt == 0:
+    if os.environ["SM_CURRENT_HOST"] == "algo-2":
+        with open(os.path.join(os.environ["TRAINING_TOOLKIT_CHECKPOINT_DIR"], "junk"), "wb") as f:
+            f.write(b"x" * 800_000)
+        sys.exit(3)
+    time.sleep(60)
+print("attempt", attempt, "on", os.environ["SM_CURRENT_HOST"])
+"""
+
+
+def test_a_host_that_fails_the_preflight_before_a_restart_is_replaced_by_the_spare(tmp_path):
+    """algo-2's checkpoint dir (a 1 MB tmpfs) passes the first pre-flight
+    and is full before the restart: the spare algo-3 takes its place, the
+    job ends 0, and algo-2 exits 203 (without a spare it is 202,
+    test_restarts.py)."""
+    with ClusterJob(tmp_path, 3, {"train.py": FILLS_ITS_DISK}) as job:
+        os.makedirs(job.path("algo-2", "checkpoints"), exist_ok=True)
+        mounted = job.cluster.run("algo-2", ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs",
+                                             "/opt/ml/checkpoints"],
+                                  capture_output=True, text=True, timeout=30)
+        assert mounted.returncode == 0, mounted.stderr
+        job.start(TRAINING_TOOLKIT_RESTARTS=2, TRAINING_TOOLKIT_RESTART_BACKOFF_S=0.1,
+                  TRAINING_TOOLKIT_SPARE_HOSTS=1, TRAINING_TOOLKIT_PREFLIGHT="basic",
+                  TRAINING_TOOLKIT_PREFLIGHT_MIN_FREE_GB="0.0005").wait(timeout=120)
+        assert job.codes() == {"algo-1": 0, "algo-2": 203, "algo-3": 0}, errors(job)
+        records = attempts_of(job, "algo-1")
+        promotion, = records[1]["promotions"]
+        assert (promotion["left"], promotion["spare"]) == ("algo-2", "algo-3")
+        assert "pre-flight" in promotion["why"]
+        assert b"attempt 1 on algo-3" in job.runs["algo-3"].out
+
+
+def test_with_the_spare_gone_a_lost_host_ends_the_job_with_79_naming_it(tmp_path):
+    with spare_job(tmp_path, "process", 3) as job:
+        job.start(**settings(job, STEPS=400))
+        wait_for_spare(job, "algo-3")
+        wait_for_step(job, 3)
+        kill_host(job, "algo-3")
+        time.sleep(0.5)
+        kill_host(job, "algo-2")
+        job.wait(timeout=120, hosts=["algo-1"])
+        assert job.codes()["algo-1"] == 79, errors(job)
+        headline = job.read("algo-1", "output", "failure").splitlines()[0]
+        assert "algo-2" in headline, headline
+
+
+@pytest.mark.parametrize("value, said", [("x", "a whole number"), ("-1", "of 0 or more"),
+                                         ("2", "fewer than the job's 2 hosts")])
+def test_a_bad_spare_count_is_78_naming_it(tmp_path, value, said):
+    from jobs import Job
+
+    job = Job(tmp_path, {"train.py": "open('ran', 'w')"}, hosts=("algo-1", "algo-2"))
+    r = job.run(env=job.env(TRAINING_TOOLKIT_SPARE_HOSTS=value, TRAINING_TOOLKIT_RESTARTS=1))
+    assert r.returncode == 78, r.stderr.decode()[-2000:]
+    failure = job.failure()
+    assert failure.startswith("ConfigError: TRAINING_TOOLKIT_SPARE_HOSTS") and said in failure, \
+        failure
+
+
+def test_spares_without_restarts_are_78_naming_both(tmp_path):
+    from jobs import Job
+
+    job = Job(tmp_path, {"train.py": "open('ran', 'w')"}, hosts=("algo-1", "algo-2"))
+    r = job.run(env=job.env(TRAINING_TOOLKIT_SPARE_HOSTS=1))
+    assert r.returncode == 78, r.stderr.decode()[-2000:]
+    assert "TRAINING_TOOLKIT_RESTARTS" in job.failure(), job.failure()

@@ -197,6 +197,7 @@ class MasterControl(Ledger, ControlServer):
             stream.close()
             return
         if hello["host"] in self.replaced:
+            stream.peer_nonce = hello["nonce"].encode()
             stream.send({"type": "replaced", "by": self.replaced[hello["host"]]})
             stream.close()
             return

@@ -67,7 +67,10 @@ def run_for_job(settings, env, environ, reporter, attempt=0, alone=False):
     beside the first pre-flight's. `alone`: this host's own checks only
     (a spare host's, before it joins the spares' pool)."""
     round_ = attempt
-    level = "basic" if attempt else settings.level
+    # Before a restart, the basic checks; with spares, the job's level: a host
+    # whose GPUs fail it is replaced rather than restarted into its failure.
+    level = "basic" if attempt and not params.setting(environ, params.SPARE_HOSTS_ENV) \
+        else settings.level
     results = env.paths.preflight_file_for(attempt)
     started = time.monotonic()
     deadline = started + settings.timeout_s
@@ -95,7 +98,7 @@ def run_for_job(settings, env, environ, reporter, attempt=0, alone=False):
         allreduce = (probes.AllReduce(env, port + STORE_PORT_OFFSET, deadline).start()
                      if full else None)
         tasks = _tasks(settings, level, env, environ, key, port + PEER_PORT_OFFSET, round_,
-                       deadline)
+                       deadline, hosts)
         checks = early + preflight.run_checks(tasks, deadline)
         if full:  # alone on the network: the basic checks' traffic would bias it
             successor = hosts[preflight.ring_successor(rank, n)]
@@ -130,10 +133,9 @@ def run_for_job(settings, env, environ, reporter, attempt=0, alone=False):
              % (level, n, time.monotonic() - started))
 
 
-def _tasks(settings, level, env, environ, key, peer_port, round_, deadline):
-    """(name, fn) of this host's checks that run side by side."""
+def _tasks(settings, level, env, environ, key, peer_port, round_, deadline, hosts):
+    """(name, fn) of this host's checks that run side by side, among `hosts`."""
     me = env.current_host
-    hosts = [me] if alone else list(env.hosts)
     rank, n = hosts.index(me), len(hosts)
     tasks = [(label, lambda label=label, path=path: probes.disk(label, path,
                                                                  settings.min_free_gb))
