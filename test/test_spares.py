@@ -125,14 +125,15 @@ def host_processes(job, host):
 
 
 def kill_host(job, host):
-    """The host dies: its network cut, every process in it SIGKILLed."""
-    job.cluster.disconnect(host)
+    """The host dies: every process in it SIGKILLed, then its network cut."""
+    killed_at = time.time()
     for pid, _ in host_processes(job, host):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    return time.time()
+    job.cluster.disconnect(host)
+    return killed_at
 
 
 def attempts_of(job, host):
@@ -188,7 +189,9 @@ def test_a_killed_host_is_replaced_by_the_spare_and_the_job_ends_0(tmp_path, kin
         promotion, = records[1]["promotions"]
         assert (promotion["left"], promotion["spare"]) == ("algo-2", "algo-4"), promotion
         assert "grace" in promotion["why"]
-        assert promotion["at"] - killed_at >= 2.0  # the survivors' grace came first
+        # The survivors' grace came first: from the restart's start, and the kill.
+        assert promotion["at"] - records[1]["started"] >= 2.0, (promotion, records[1])
+        assert promotion["at"] > killed_at
         # The spare joined at restart 1, as node rank 1, and resumed.
         spare_records = attempts_of(job, "algo-4")
         assert [r["attempt"] for r in spare_records] == [1], spare_records
@@ -332,3 +335,89 @@ def test_spares_without_restarts_are_78_naming_both(tmp_path):
     r = job.run(env=job.env(TRAINING_TOOLKIT_SPARE_HOSTS=1))
     assert r.returncode == 78, r.stderr.decode()[-2000:]
     assert "TRAINING_TOOLKIT_RESTARTS" in job.failure(), job.failure()
+
+
+# Slurm for real (Debian's slurmctld/slurmd/munge over three simulated hosts,
+# as test_slurm.py): `sbatch -N 3` of `srun train -- python t.py`, the process
+# runner, the last node a spare. The program writes its `train`'s pid and
+# steps through a checkpoint in the shared dir.
+SLURM_PROGRAM = """
+import json, os, time
+host, shared = os.environ["SM_CURRENT_HOST"], os.environ["SHARED"]
+attempt = int(os.environ["TRAINING_TOOLKIT_RESTART_COUNT"])
+with open(os.path.join(shared, "train-pid-%s" % host), "w") as f:
+    f.write(str(os.getppid()))
+ckpt = os.path.join(shared, "ckpt.json")
+step = json.load(open(ckpt))["step"] if os.path.exists(ckpt) else 0
+open(os.path.join(shared, "ran-%d-%s" % (attempt, host)), "w").close()
+hosts = json.loads(os.environ["SM_HOSTS"])
+while step < 40:
+    time.sleep(0.05)
+    step += 1
+    if host == hosts[0]:
+        with open(ckpt + ".tmp", "w") as f:
+            json.dump({"step": step}, f)
+        os.replace(ckpt + ".tmp", ckpt)
+"""
+
+SLURM_BATCH = """#!/bin/bash
+export SAGEMAKER_BASE_DIR=%(base)s
+srun --no-kill --ntasks-per-node=1 %(train)s -- python t.py
+code=$?
+echo "srun exited $code"
+exit $code
+"""
+
+
+@pytest.fixture(scope="module")
+def slurm3(tmp_path_factory):
+    from test_slurm import KILL_WAIT, running_slurm
+
+    yield from running_slurm(tmp_path_factory, "slurm-spares", 3, kill_wait_s=KILL_WAIT)
+
+
+@pytest.mark.timeout(300)
+def test_slurm_a_nodes_train_killed_is_replaced_by_the_spare_node(slurm3):
+    from test_checkpoint_orchestrators import _wait_final
+    from test_slurm import TRAIN, _job_tree, _tail, _workdir
+
+    slurm = slurm3
+    d = _workdir(slurm, "spares")
+    with open(os.path.join(d, "t.py"), "w") as f:
+        f.write(SLURM_PROGRAM)
+    base = "/opt/ml/jobs/spares"
+    script = os.path.join(d, "job.sh")
+    with open(script, "w") as f:
+        f.write(SLURM_BATCH % {"base": base, "train": TRAIN})
+    env = {"SHARED": d, "TRAINING_TOOLKIT_RUNNER": "process", "TRAINING_TOOLKIT_RESTARTS": "1",
+           "TRAINING_TOOLKIT_RESTART_BACKOFF_S": "0", "TRAINING_TOOLKIT_SPARE_HOSTS": "1",
+           "TRAINING_TOOLKIT_SPARE_GRACE_S": "1"}
+    proc = slurm.sbatch(["--parsable", "-N3", "--no-kill", "--output=%s/out.%%j" % d, script],
+                        cwd=d, env=env)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip().split(";")[0]
+    log = os.path.join(d, "out." + job_id)
+    deadline = time.monotonic() + 120
+    pid_file = os.path.join(d, "train-pid-algo-2")
+    while not (os.path.exists(pid_file) and os.path.exists(os.path.join(d, "ckpt.json"))):
+        assert time.monotonic() < deadline, _tail(log)
+        time.sleep(0.05)
+    with open(pid_file) as f:
+        os.kill(int(f.read()), signal.SIGKILL)  # pids are the machine's: the hosts share it
+    state, code, _ = _wait_final(slurm, job_id, 180, log)
+    why = _tail(log, 80)
+    statuses = {}
+    for host in ("algo-1", "algo-3"):
+        with open(_job_tree(slurm, host, base, "output", "status.json")) as f:
+            statuses[host] = json.load(f)
+        assert os.path.exists(_job_tree(slurm, host, base, "output", "success")), (host, why)
+    with open(_job_tree(slurm, "algo-1", base, "output", "data", "resilience.json")) as f:
+        records = json.load(f)["attempts"]
+    promotion, = records[1]["promotions"]
+    assert (promotion["left"], promotion["spare"]) == ("algo-2", "algo-3"), records
+    assert sorted(n for n in os.listdir(d) if n.startswith("ran-")) == [
+        "ran-0-algo-1", "ran-0-algo-2", "ran-1-algo-1", "ran-1-algo-3"]
+    with open(os.path.join(d, "ckpt.json")) as f:
+        assert json.load(f)["step"] == 40
+    # The job's hosts ended 0; srun's code is the highest of its tasks': the killed one's.
+    assert "srun exited 137" in why and (state, code) == ("FAILED", "137:0"), why
