@@ -421,3 +421,42 @@ def test_slurm_a_nodes_train_killed_is_replaced_by_the_spare_node(slurm3):
         assert json.load(f)["step"] == 40
     # The job's hosts ended 0; srun's code is the highest of its tasks': the killed one's.
     assert "srun exited 137" in why and (state, code) == ("FAILED", "137:0"), why
+
+
+# On the first attempt algo-2's device fails (its CUDA error in the stderr tail).
+DEVICE_FAILS = """
+import os, sys, time
+attempt = int(os.environ["TRAINING_TOOLKIT_RESTART_COUNT"])
+host = os.environ["SM_CURRENT_HOST"]
+if attempt == 0:
+    if host == "algo-2":
+        print("RuntimeError: CUDA error: uncorrectable ECC error encountered", file=sys.stderr)
+        sys.exit(1)
+    time.sleep(60)
+print("attempt", attempt, "on", host)
+time.sleep(3)
+"""
+
+
+@pytest.mark.parametrize("spares", [1, 0])
+def test_a_host_whose_device_failed_is_replaced_not_restarted_into_it(tmp_path, spares):
+    """A device error in a rank's stderr: the spare takes the host's place
+    in the restart; with no spare, every host ends 202 naming it (not a
+    restart into the same failure, nor the storm guard's 93)."""
+    with ClusterJob(tmp_path, 3, {"train.py": DEVICE_FAILS}) as job:
+        more = {"TRAINING_TOOLKIT_SPARE_HOSTS": 1} if spares else {}
+        job.start(TRAINING_TOOLKIT_RESTARTS=2, TRAINING_TOOLKIT_RESTART_BACKOFF_S=0.1,
+                  SM_TERMINATION_GRACE_SECONDS=10, **more).wait(timeout=120)
+        if not spares:
+            assert job.codes() == {h: 202 for h in job.hosts}, errors(job)
+            for host in job.hosts:
+                failure = job.read(host, "output", "failure")
+                assert failure.startswith("PreflightError: the ranks on algo-2 died of a device "
+                                          "error (RuntimeError: CUDA error: uncorrectable ECC"), \
+                    failure
+            return
+        assert job.codes() == {"algo-1": 0, "algo-2": 203, "algo-3": 0}, errors(job)
+        promotion, = attempts_of(job, "algo-1")[1]["promotions"]
+        assert (promotion["left"], promotion["spare"]) == ("algo-2", "algo-3")
+        assert "device error" in promotion["why"], promotion
+        assert b"attempt 1 on algo-3" in job.runs["algo-3"].out

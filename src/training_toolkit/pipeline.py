@@ -278,6 +278,7 @@ class AttemptLoop:
                                  first=self.promotion["attempt"] if self.promotion else 0)
         self.made = None  # the decision this host made on the current attempt
         self.pool = None  # the master's spare hosts
+        self.unfit = {}   # host -> why: the hosts the next restart gives to spares
 
     def durable(self):
         """The newest checkpoint known to be in S3, where the job syncs them."""
@@ -288,12 +289,18 @@ class AttemptLoop:
     def decide_next(self, verdict):
         """The decision after a failed attempt, from the verdict's fields
         (exit_code, hang, lost, failed_at, learned_at); a message."""
-        from .resilience.restarts import decide
+        from .resilience.restarts import decide, device_error
 
         failure = self.attempts.end(verdict["exit_code"], _cause(verdict, self.supervisor),
                                     verdict.get("failed_at"), verdict.get("learned_at"),
                                     self.durable())
         failure["replaceable"] = self.pool is not None and bool(self.pool.ready())
+        host = verdict.get("host")
+        line = device_error(verdict.get("stderr_tail")) if host else None
+        if line:  # the host is at fault: a spare in its place, else 202 naming it
+            failure["device_error"] = (host, line)
+            if host == self.env.master_hostname:  # the master is never replaced
+                failure["replaceable"] = False
         self.made = decide(self.settings, failure, self.attempts.history())
         return self.made.to_message()
 
@@ -318,6 +325,7 @@ class AttemptLoop:
                     attempts.save()
                     return outcome
                 attempts.decided(decision)
+                self.unfit = dict(decision.replace)  # for the next rejoin
                 outcome.next = decision.to_message()
                 ended = (decision.exit_code, decision.reason)
                 self.reporter.set(resilience=attempts.summary())
@@ -382,7 +390,7 @@ class AttemptLoop:
         202, where no spare is left)."""
         number = self.attempts.number
         promoted_here = self.promotion is not None and number == self.promotion["attempt"]
-        unfit = {}
+        unfit, self.unfit = self.unfit, {}
         for try_ in range(len(self.env.hosts) + 1):
             if number and not (promoted_here and try_ == 0):
                 from .cluster.rejoin import rejoin_for_attempt
@@ -506,6 +514,10 @@ def launch(env, supervisor, reporter, entry_point=None, args=None, runner_type=N
     outcome = run_attempts(env, supervisor, reporter, launch_plan, runner, replan)
     if outcome.next is not None and outcome.next.get("storm"):
         raise NoProgressError("%s; the last attempt failed with exit code %d%s" % (
+            outcome.next["reason"], outcome.exit_code,
+            " (%s)" % outcome.where if outcome.where else ""))
+    if outcome.next is not None and outcome.next.get("unfit"):
+        raise PreflightError("%s; the last attempt failed with exit code %d%s" % (
             outcome.next["reason"], outcome.exit_code,
             " (%s)" % outcome.where if outcome.where else ""))
     if outcome.hang is not None:

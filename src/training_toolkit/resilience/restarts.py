@@ -20,7 +20,7 @@ decision, in order:
 import dataclasses
 
 from .. import params
-from ..errors import ConfigError, NoProgressError
+from ..errors import ConfigError, NoProgressError, PreflightError
 from ..settings import default
 
 # A restart waits BACKOFF_S, doubling with each restart, at most this long.
@@ -132,6 +132,9 @@ class Decision:
     backoff_s: float = 0.0
     no_progress: int = 0  # attempts in a row without progress, this one included
     storm: bool = False   # the storm guard ended the job (93)
+    unfit: bool = False   # a device error on a host no spare can replace ended it (202)
+    # host -> why: hosts the next attempt gives to spares (a device error)
+    replace: dict = dataclasses.field(default_factory=dict)
 
     def to_message(self):
         return dataclasses.asdict(self)
@@ -154,11 +157,18 @@ def decide(settings, failure, history):
     cause = failure["cause"]
     streak = history.no_progress + 1 if failure.get("progress") is False else 0
 
-    def end(reason, exit_code=code, storm=False):
-        return Decision(False, exit_code, reason, no_progress=streak, storm=storm)
+    def end(reason, exit_code=code, storm=False, unfit=False):
+        return Decision(False, exit_code, reason, no_progress=streak, storm=storm, unfit=unfit)
 
     if cause == "stop":
         return end("stopped by a signal: no restart")
+    device = failure.get("device_error")  # (host, the line that says so)
+    if device and cause != "stop":
+        host, line = device
+        if not failure.get("replaceable"):
+            return end("the ranks on %s died of a device error (%s): a restart on it would "
+                       "fail the same way, and no spare host is left to take its place"
+                       % (host, line), PreflightError.exit_code, unfit=True)
     if cause == "lost" and not failure.get("replaceable"):
         return end("a host was lost: left to the orchestrator")
     if cause not in settings.on and cause != "lost":  # a lost host's place goes to a spare
@@ -178,9 +188,31 @@ def decide(settings, failure, history):
                    storm=True)
     done = len(history.restart_times)
     backoff = min(MAX_BACKOFF_S, settings.backoff_s * 2 ** done)
-    return Decision(True, code, "restart %d of %d%s after %gs" % (
+    replace = {device[0]: "its ranks died of a device error (%s)" % device[1]} if device else {}
+    return Decision(True, code, "restart %d of %d%s after %gs%s" % (
         used + 1, settings.restarts, " in %gs" % settings.window_s if settings.window_s else "",
-        backoff), attempt=history.attempt + 1, backoff_s=backoff, no_progress=streak)
+        backoff, ", a spare host in the place of %s" % device[0] if device else ""),
+        attempt=history.attempt + 1, backoff_s=backoff, no_progress=streak, replace=replace)
+
+
+# What a rank's stderr says when its device failed: the driver's Xid and ECC
+# reports, CUDA's errors of a broken or missing device, NCCL's CUDA failure.
+# Not a CUDA out-of-memory or a device-side assert (the code's), nor NCCL's
+# system and remote errors (what a survivor's ranks say of a peer that died).
+DEVICE_ERROR = (r"\bXid\b|uncorrectable ECC|ECC error|fallen off the bus|GPU is lost|"
+                r"CUDA-capable device|cudaErrorECCUncorrectable|cudaErrorNoDevice|"
+                r"cudaErrorDevicesUnavailable|cudaErrorHardwareStackError|"
+                r"CUDA error: unspecified launch failure|CUDA error: unknown error|"
+                r"ncclUnhandledCudaError|unhandled cuda error")
+
+
+def device_error(tail):
+    """The first line of a rank's stderr `tail` that says its device
+    failed, or None."""
+    import re
+
+    found = re.search(r"[^\n]*(?:%s)[^\n]*" % DEVICE_ERROR, tail or "")
+    return found.group(0).strip()[:200] if found else None
 
 
 @dataclasses.dataclass
