@@ -460,3 +460,57 @@ def test_a_host_whose_device_failed_is_replaced_not_restarted_into_it(tmp_path, 
         assert (promotion["left"], promotion["spare"]) == ("algo-2", "algo-3")
         assert "device error" in promotion["why"], promotion
         assert b"attempt 1 on algo-3" in job.runs["algo-3"].out
+
+
+# Each host writes its share of step-1 under its own prefix ({host}); once
+# the job committed it, algo-2 dies. The restart's spare must restore
+# algo-2's share, not start empty.
+SHARES = """
+attempt = int(os.environ["TRAINING_TOOLKIT_RESTART_COUNT"])
+if attempt == 0:
+    d = os.path.join(D, "step-1")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "shard.bin"), "w") as f:
+        f.write(HOST)
+    barrier("saved")
+    touch(os.path.join(d, "COMPLETE"))
+    wait_committed("step-1")
+    touch(os.path.join(SHARED, "committed-" + HOST))
+    time.sleep(120)  # until the test kills algo-2 and the job stops
+with open(os.path.join(D, "step-1", "shard.bin")) as f:
+    note("found", {"shard": f.read(), "resume": resume_point(), "attempt": attempt})
+"""
+
+
+def test_the_promoted_spare_restores_the_lost_hosts_share_of_the_committed_checkpoint(
+        tmp_path, s3_server):
+    from test_checkpoint_commits import PRELUDE, cluster_env, fresh_bucket
+
+    bucket, _ = fresh_bucket(s3_server, "spare-share")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    with ClusterJob(tmp_path, 3, {"train.py": PRELUDE + SHARES}) as job:
+        job.start(**cluster_env(job, s3_server, bucket, TT_SHARED=str(shared), TT_PHASE="one",
+                                TRAINING_TOOLKIT_CHECKPOINT_S3_URI="s3://%s/ckpt/{host}"
+                                % bucket, TRAINING_TOOLKIT_RESTARTS=1,
+                                TRAINING_TOOLKIT_RESTART_BACKOFF_S=0.2,
+                                TRAINING_TOOLKIT_SPARE_HOSTS=1,
+                                TRAINING_TOOLKIT_SPARE_GRACE_S=1,
+                                SM_TERMINATION_GRACE_SECONDS=10))
+        deadline = time.monotonic() + 120
+        while not all((shared / ("committed-" + h)).exists() for h in ("algo-1", "algo-2")):
+            assert time.monotonic() < deadline, errors(job)
+            assert all(r.proc.poll() is None for r in job.runs.values()), job.codes()
+            time.sleep(0.05)
+        assert not job.exists("algo-3", "checkpoints", "step-1")  # a spare restores nothing
+        kill_host(job, "algo-2")
+        job.wait(timeout=180, hosts=["algo-1", "algo-3"])
+        codes = job.codes()
+        assert (codes["algo-1"], codes["algo-3"]) == (0, 0), errors(job)
+        found = {h: json.loads(job.read(h, "model", "found.json")) for h in ("algo-1", "algo-3")}
+        assert found["algo-1"] == {"shard": "algo-1", "attempt": 1,
+                                   "resume": "/opt/ml/checkpoints/step-1"}, found
+        assert found["algo-3"] == {"shard": "algo-2", "attempt": 1,
+                                   "resume": "/opt/ml/checkpoints/step-1"}, found
+        promotion, = attempts_of(job, "algo-1")[1]["promotions"]
+        assert (promotion["left"], promotion["spare"]) == ("algo-2", "algo-3")

@@ -363,6 +363,8 @@ class AttemptLoop:
             remove_stop_file(self.env.paths)
         try:
             self._rejoin_and_check(entry)
+            if attempts.number:  # what the restart did, in resilience.json while it runs
+                attempts.save()
             outcome = _phase(self.reporter, "run", self.runner.run, self.launch_plan,
                              self.supervisor, self.env, self.reporter)
             if attempts.number:
@@ -397,6 +399,8 @@ class AttemptLoop:
 
                 go = rejoin_for_attempt(self.env, self.launch_plan, number, self.pool, unfit,
                                         try_)
+                if "rejoin_s" in go:
+                    entry["rejoin_s"] = go["rejoin_s"]
                 if go.get("promotions"):
                     entry.setdefault("promotions", []).extend(go["promotions"])
                     self._new_world(go["replaced"])

@@ -153,6 +153,7 @@ class MasterControl(Ledger, ControlServer):
         self.optional = set(optional) - self.workers  # may join; not waited for
         self._known_hosts = self.workers | self.optional
         self.links = {}          # worker host -> its Stream
+        self.last_join = None    # monotonic time of the latest worker's hello
         # Hosts whose place a spare took (job/spares.py): told so, never taken back.
         self.replaced = dict(parse_replaced(os.environ.get(params.REPLACED_HOSTS_ENV, "")))
         self.drops = DropLog()
@@ -209,6 +210,7 @@ class MasterControl(Ledger, ControlServer):
         stream.peer_nonce = hello["nonce"].encode()
         with self._joined:
             self.links[host] = stream
+            self.last_join = time.monotonic()
             self._joined.notify_all()
         stream.send({"type": "welcome"})  # the first line on its socket: never waits
         return host

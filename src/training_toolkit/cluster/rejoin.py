@@ -120,7 +120,9 @@ def _master(hosts, master, port, key, attempt, pool, unfit, try_, started, deadl
         control.stop_listening()
         go = {"type": "go", "attempt": attempt, "try": try_,
               "promotions": [p.to_message() for p in promotions],
-              "replaced": os.environ.get(params.REPLACED_HOSTS_ENV, "")}
+              "replaced": os.environ.get(params.REPLACED_HOSTS_ENV, ""),
+              # how long the hosts that came back took: what the grace must cover
+              "rejoin_s": round(control.last_join - started, 3) if control.last_join else 0.0}
         control.broadcast(go)
         return go
     finally:

@@ -118,6 +118,10 @@ def read_fields(paths, environ, resource_config, input_data_config, hyperparamet
     if environ.get(params.SPARE_HOSTS_ENV, "").strip() not in ("", "0"):
         from . import spares
 
+        if orchestrated is not None and orchestrated.orchestrator == "mpijob":
+            raise ConfigError("is not for an MPIJob: its workers run the operator's sshd, not "
+                              "`train`, so none can wait as a spare",
+                              field=params.SPARE_HOSTS_ENV)
         world = spares.world_of(hosts, environ, rc_file)
         checks.check_instance_groups(resource_config.get("instance_groups") or [], hosts,
                                      rc_file)  # as given, before the spares leave them
