@@ -6,7 +6,8 @@ hosts run the job. One run of each contender, alternated (common.alternate):
   spare     N + 1 hosts, TRAINING_TOOLKIT_SPARE_HOSTS=1, RESTARTS=1,
             RESTART_BACKOFF_S=0, the grace at its default (or --grace). Once
             every rank computes, the host of node rank 1 dies: every process
-            in it SIGKILLed, then its network cut. Measured: the kill -> every
+            in it SIGKILLed, then (once they are gone) its network cut.
+            Measured: the kill -> every
             rank of the next attempt at its first line, and computing (its
             process group formed, one all_reduce done).
   requeue   N hosts, the same job without a spare: the kill -> every other
@@ -52,8 +53,10 @@ attempt = int(os.environ.get("TRAINING_TOOLKIT_RESTART_COUNT") or 0)
 
 
 def mark(kind, at):
-    with open(os.path.join(marks, "%s-%s-%d-%d" % (kind, run, attempt, rank)), "w") as f:
+    path = os.path.join(marks, "%s-%s-%d-%d" % (kind, run, attempt, rank))
+    with open(path + ".tmp", "w") as f:
         f.write(repr(at))
+    os.replace(path + ".tmp", path)  # never read half-written
 
 
 mark("first", first_line)
@@ -87,20 +90,37 @@ def host_pids(job, host):
     return pids
 
 
+def alive(pid):
+    """Whether `pid` runs (a zombie has closed its sockets: it does not)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def kill_host(job, host):
+    """Every process of `host` SIGKILLed; once they are gone (their
+    connections closed by the kernel, as when a host's `train` is killed),
+    its network cut. A host that vanishes without closing them (power lost)
+    is found by the keepalive instead, 25-30 s later."""
     at = time.time()
-    for pid in host_pids(job, host):
+    pids = host_pids(job, host)
+    for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    deadline = time.monotonic() + 5
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.01)
     job.cluster.disconnect(host)
     return at
 
 
 def marks(root, kind, run, attempt):
     found = {}
-    for path in glob.glob(os.path.join(root, "%s-%s-%d-*" % (kind, run, attempt))):
+    for path in glob.glob(os.path.join(root, "%s-%s-%d-*[0-9]" % (kind, run, attempt))):
         found[int(path.rsplit("-", 1)[1])] = float(common.read_text(path))
     return found
 

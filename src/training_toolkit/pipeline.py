@@ -21,6 +21,7 @@ from .job.checks import check_requirements_file
 from .job.environment import Environment
 from .job.paths import entry_point_path, is_populated, remove_stop_file
 from .runners import RunnerType, load, load_for, select
+from .supervise import Terminated
 from .runners.plan import COMMAND, PYTHON_PACKAGE, entry_kind
 
 
@@ -339,6 +340,9 @@ class AttemptLoop:
         except ToolkitError as error:
             ended = (error.exit_code, error.message.splitlines()[0] if error.message else "")
             raise
+        except Terminated as stop:
+            ended = (128 + stop.signum, str(stop))
+            raise
         finally:
             if self.pool is not None:
                 self.pool.end(*ended)
@@ -393,7 +397,8 @@ class AttemptLoop:
         number = self.attempts.number
         promoted_here = self.promotion is not None and number == self.promotion["attempt"]
         unfit, self.unfit = self.unfit, {}
-        for try_ in range(len(self.env.hosts) + 1):
+        # Each try replaces at least one host, or ends the job: at most one a host.
+        for try_ in range(len(self.env.hosts)):
             if number and not (promoted_here and try_ == 0):
                 from .cluster.rejoin import rejoin_for_attempt
 
@@ -411,7 +416,8 @@ class AttemptLoop:
                 return
             except PreflightError as error:
                 if not (number and self.env.spare_hosts and error.hosts) or \
-                        self.env.master_hostname in error.hosts:
+                        self.env.master_hostname in error.hosts or \
+                        try_ == len(self.env.hosts) - 1:
                     raise  # the master cannot be replaced
                 unfit = {host: "it failed the pre-flight before restart %d" % number
                          for host in error.hosts}
