@@ -323,3 +323,72 @@ def test_warm_restarts_are_off_by_default_where_train_lacks_cap_sys_nice(asked, 
                              timeout=60)
     assert (held.stdout.strip(), dropped.stdout.strip()) == (with_cap, without_cap), (
         held.stderr, dropped.stderr)
+
+
+# -- spare hosts: the world (job/spares.py) and the decision's part ------------
+
+def world(hosts, **environ):
+    from training_toolkit.job.spares import world_of
+
+    environ.setdefault("TRAINING_TOOLKIT_RESTARTS", "1")
+    return world_of(hosts, environ)
+
+
+def test_the_last_hosts_are_spares_and_promotions_keep_node_ranks_and_shares():
+    hosts = ["a", "b", "c", "d", "e"]
+    w = world(hosts, TRAINING_TOOLKIT_SPARE_HOSTS="2")
+    assert (w.hosts, w.spares, w.shares) == (("a", "b", "c"), ("d", "e"), ("a", "b", "c"))
+    # b lost to d, then d (in b's place) lost to e: node rank 1 keeps b's share.
+    w = world(hosts, TRAINING_TOOLKIT_SPARE_HOSTS="2", TRAINING_TOOLKIT_REPLACED_HOSTS="b=d,d=e")
+    assert (w.hosts, w.spares) == (("a", "e", "c"), ())
+    assert (w.share_of("e"), w.share_of("a"), w.share_of("b")) == ("b", "a", "b")
+
+
+@pytest.mark.parametrize("replaced", ["b", "b=x", "a=d,a=e", "x=d"])
+def test_a_replacement_that_is_not_a_host_by_a_spare_is_78_naming_the_variable(replaced):
+    with pytest.raises(ConfigError) as raised:
+        world(["a", "b", "c", "d"], TRAINING_TOOLKIT_SPARE_HOSTS="1",
+              TRAINING_TOOLKIT_REPLACED_HOSTS=replaced)
+    assert raised.value.field == "TRAINING_TOOLKIT_REPLACED_HOSTS"
+
+
+def test_the_resource_config_keeps_the_world_in_node_rank_order():
+    from training_toolkit.job.spares import resource_config_of
+
+    w = world(["a", "b", "c"], TRAINING_TOOLKIT_SPARE_HOSTS="1",
+              TRAINING_TOOLKIT_REPLACED_HOSTS="a=c")
+    config = resource_config_of({"current_host": "c", "hosts": ["a", "b", "c"],
+                                 "instance_groups": [{"instance_group_name": "g",
+                                                      "hosts": ["a", "b", "c"]}]}, w)
+    assert config["hosts"] == ["c", "b"] and config["instance_groups"][0]["hosts"] == ["c", "b"]
+
+
+def test_a_lost_host_restarts_only_with_a_spare_ready():
+    failure = {"exit_code": 79, "cause": "lost", "progress": True}
+    assert decide(settings(), failure, AttemptHistory()).restart is False
+    decision = decide(settings(), dict(failure, replaceable=True), AttemptHistory())
+    assert decision.restart is True and decision.replace == {}
+
+
+def test_a_device_error_replaces_the_host_or_ends_202_naming_it_never_93():
+    line = restarts.device_error("step 9\nRuntimeError: CUDA error: uncorrectable ECC error "
+                                 "encountered\nmore")
+    assert line == "RuntimeError: CUDA error: uncorrectable ECC error encountered"
+    failure = {"exit_code": 1, "cause": "failure", "progress": False,
+               "device_error": ("algo-2", line)}
+    decision = decide(settings(), dict(failure, replaceable=True), AttemptHistory())
+    assert decision.restart and decision.replace == {
+        "algo-2": "its ranks died of a device error (%s)" % line}
+    # Without a spare: 202 naming the host, even where the storm guard would fire.
+    decision = decide(settings(), failure, AttemptHistory(no_progress=5))
+    assert (decision.restart, decision.exit_code, decision.unfit, decision.storm) == (
+        False, 202, True, False)
+    assert "algo-2" in decision.reason
+
+
+@pytest.mark.parametrize("tail", ["RuntimeError: CUDA error: out of memory",
+                                  "device-side assert triggered",
+                                  "NCCL error: remote process exited or there was a network "
+                                  "error, ncclRemoteError", "ncclSystemError: System call failed"])
+def test_errors_of_the_code_or_of_a_peer_are_not_device_errors(tail):
+    assert restarts.device_error(tail) is None

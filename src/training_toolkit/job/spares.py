@@ -87,13 +87,14 @@ def resource_config_of(resource_config, world):
     if not world.spares and not world.replaced:
         return resource_config
     swap = dict(world.replaced)
-    everyone = set(world.hosts)
 
     def hosts_of(names):
-        names = [swap.get(name, name) for name in names]
-        while any(name in swap for name in names):  # a spare promoted, then lost
-            names = [swap.get(name, name) for name in names]
-        return [name for name in names if name in everyone]
+        """A group's hosts in the world, each lost one as the spare in its
+        place (a spare promoted, then lost, as the next), in node-rank order."""
+        names = set(names)
+        while names & swap.keys():
+            names = {swap.get(name, name) for name in names}
+        return [host for host in world.hosts if host in names]
 
     config = dict(resource_config, hosts=list(world.hosts))
     if resource_config.get("instance_groups"):
