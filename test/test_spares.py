@@ -125,13 +125,27 @@ def host_processes(job, host):
 
 
 def kill_host(job, host):
-    """The host dies: every process in it SIGKILLed, then its network cut."""
+    """The host dies: every process in it SIGKILLed and, once they are gone
+    (the kernel closed their connections), its network cut. (Cut first, the
+    master would learn of it from its keepalive, 25-30 s later.)"""
     killed_at = time.time()
+    procs = []
     for pid, _ in host_processes(job, host):
         try:
+            procs.append(psutil.Process(pid))
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
+        except (ProcessLookupError, psutil.NoSuchProcess):
             pass
+    def gone(proc):
+        try:
+            return proc.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    deadline = time.monotonic() + 10
+    while not all(gone(p) for p in procs):
+        assert time.monotonic() < deadline, "%s's processes outlived SIGKILL" % host
+        time.sleep(0.01)
     job.cluster.disconnect(host)
     return killed_at
 
