@@ -392,3 +392,20 @@ def test_a_device_error_replaces_the_host_or_ends_202_naming_it_never_93():
                                   "error, ncclRemoteError", "ncclSystemError: System call failed"])
 def test_errors_of_the_code_or_of_a_peer_are_not_device_errors(tail):
     assert restarts.device_error(tail) is None
+
+
+def test_spares_on_an_mpijob_are_78_naming_the_variable(tmp_path, monkeypatch):
+    """An MPIJob's workers run the operator's sshd, not `train`: none can wait."""
+    import socket
+
+    from training_toolkit.job.environment import Environment
+
+    (tmp_path / "input" / "config").mkdir(parents=True)
+    monkeypatch.setattr(socket, "gethostname", lambda: "pi-worker-0")
+    environ = {"K_MPI_JOB_ROLE": "worker", "SAGEMAKER_BASE_DIR": str(tmp_path),
+               "SAGEMAKER_PROGRAM": "t.py", "TRAINING_TOOLKIT_SPARE_HOSTS": "1",
+               "TRAINING_TOOLKIT_RESTARTS": "1"}
+    with pytest.raises(ConfigError) as raised:
+        Environment(paths=JobPaths.from_environ(environ), environ=environ)
+    assert raised.value.field == "TRAINING_TOOLKIT_SPARE_HOSTS"
+    assert "MPIJob" in raised.value.message
