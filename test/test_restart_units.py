@@ -409,3 +409,18 @@ def test_spares_on_an_mpijob_are_78_naming_the_variable(tmp_path, monkeypatch):
         Environment(paths=JobPaths.from_environ(environ), environ=environ)
     assert raised.value.field == "TRAINING_TOOLKIT_SPARE_HOSTS"
     assert "MPIJob" in raised.value.message
+
+
+def test_repeat_gives_a_host_failing_the_same_way_twice_to_a_spare():
+    failure = {"exit_code": 5, "cause": "failure", "progress": True, "repeated": "algo-2",
+               "replaceable": True}
+    decision = decide(settings(TRAINING_TOOLKIT_RESTART_ON="failure,hang,repeat"), failure,
+                      AttemptHistory())
+    assert decision.restart and list(decision.replace) == ["algo-2"]
+    assert "two attempts in a row" in decision.replace["algo-2"]
+    # Not asked for, or no spare: a plain restart on the same hosts.
+    assert decide(settings(), failure, AttemptHistory()).replace == {}
+    assert decide(settings(TRAINING_TOOLKIT_RESTART_ON="failure,repeat"),
+                  dict(failure, replaceable=False), AttemptHistory()).replace == {}
+    with pytest.raises(ConfigError):
+        settings(TRAINING_TOOLKIT_RESTART_ON="repeat")

@@ -528,3 +528,35 @@ def test_the_promoted_spare_restores_the_lost_hosts_share_of_the_committed_check
                                    "resume": "/opt/ml/checkpoints/step-1"}, found
         promotion, = attempts_of(job, "algo-1")[1]["promotions"]
         assert (promotion["left"], promotion["spare"]) == ("algo-2", "algo-3")
+
+
+# algo-2's program fails with 5 on every attempt; the others wait to be stopped.
+FAILS_ALWAYS_ON_ALGO_2 = """
+import os, sys, time
+attempt = int(os.environ["TRAINING_TOOLKIT_RESTART_COUNT"])
+host = os.environ["SM_CURRENT_HOST"]
+if host == "algo-2":
+    sys.exit(5)
+if attempt < 2:
+    time.sleep(60)
+print("attempt", attempt, "on", host)
+time.sleep(3)
+"""
+
+
+def test_with_repeat_a_host_failing_the_same_way_twice_goes_to_the_spare(tmp_path):
+    """RESTART_ON=failure,hang,repeat: algo-2 fails with 5 on attempts 0
+    and 1; the second restart puts the spare in its place, and the job ends
+    0 (without repeat, it would fail the same way until the budget ends it)."""
+    with ClusterJob(tmp_path, 3, {"train.py": FAILS_ALWAYS_ON_ALGO_2}) as job:
+        job.start(TRAINING_TOOLKIT_RESTARTS=3, TRAINING_TOOLKIT_RESTART_BACKOFF_S=0.1,
+                  TRAINING_TOOLKIT_SPARE_HOSTS=1, SM_TERMINATION_GRACE_SECONDS=10,
+                  TRAINING_TOOLKIT_RESTART_ON="failure,hang,repeat").wait(timeout=120)
+        assert job.codes() == {"algo-1": 0, "algo-2": 203, "algo-3": 0}, errors(job)
+        records = attempts_of(job, "algo-1")
+        assert [r["attempt"] for r in records] == [0, 1, 2]
+        assert "promotions" not in records[1]
+        promotion, = records[2]["promotions"]
+        assert (promotion["left"], promotion["spare"]) == ("algo-2", "algo-3")
+        assert "two attempts in a row" in promotion["why"], promotion
+        assert b"attempt 2 on algo-3" in job.runs["algo-3"].out

@@ -280,6 +280,7 @@ class AttemptLoop:
         self.made = None  # the decision this host made on the current attempt
         self.pool = None  # the master's spare hosts
         self.unfit = {}   # host -> why: the hosts the next restart gives to spares
+        self.last_failure = None  # (host, exit code) of the last failed attempt's verdict
 
     def durable(self):
         """The newest checkpoint known to be in S3, where the job syncs them."""
@@ -302,6 +303,10 @@ class AttemptLoop:
             failure["device_error"] = (host, line)
             if host == self.env.master_hostname:  # the master is never replaced
                 failure["replaceable"] = False
+        this = (host, verdict["exit_code"])
+        if host and host != self.env.master_hostname and this == self.last_failure:
+            failure["repeated"] = host
+        self.last_failure = this
         self.made = decide(self.settings, failure, self.attempts.history())
         return self.made.to_message()
 

@@ -180,8 +180,9 @@ TABLE = (
     # --- restarts ---
     (_T + "RESTARTS", "int", 0, (0, None), EVERY_HOST, "restarts",
      "the restart budget (0: no restart in place)", _R),
-    (_T + "RESTART_ON", "str", "failure,hang", ("failure", "hang"), EVERY_HOST, "restarts",
-     "what a restart follows: failure, hang, or both", _R),
+    (_T + "RESTART_ON", "str", "failure,hang", ("failure", "hang", "repeat"), EVERY_HOST,
+     "restarts", "what a restart follows: failure, hang, or both; with repeat beside them, a "
+     "host whose ranks fail the same way twice in a row goes to a spare", _R),
     (_T + "RESTART_BACKOFF_S", "float", 5.0, (0, 300), EVERY_HOST, "restarts",
      "the wait before a restart, doubling, at most 300", _R),
     (_T + "RESTART_WINDOW_S", "float", None, (1e-3, None), EVERY_HOST, "restarts",

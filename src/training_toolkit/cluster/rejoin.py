@@ -87,16 +87,20 @@ def _master(hosts, master, port, key, attempt, pool, unfit, try_, started, deadl
     try:
         promotions = []
         if pool is not None and pool.ready():
-            # Survivors first: none loses its place to a spare before the grace.
+            # The unfit first (they hear so if they come); then survivors
+            # first: none loses its place to a spare before the grace.
+            promotions = promote(pool, unfit, hosts, attempt)
+            control.replaced.update((p.left, p.spare) for p in promotions)
             missing = control.wait_for_workers(
                 min(deadline, started + grace_s(os.environ, len(hosts))))
-            gone = dict(unfit, **{h: "did not rejoin within the grace" for h in missing})
-            promotions = promote(pool, gone, hosts, attempt)
+            late = promote(pool, {h: "did not rejoin within the grace" for h in missing},
+                           hosts, attempt)
+            control.replaced.update((p.left, p.spare) for p in late)
+            promotions += late
             taken = {p.left for p in promotions}
             unfit = {h: why for h, why in unfit.items() if h not in taken}
             with control._joined:  # the promoted spares' places: not waited for
                 control.workers -= taken
-            control.replaced.update((p.left, p.spare) for p in promotions)
         if unfit:
             reason = "no spare host left to take the place of %s, which failed the pre-flight" \
                 % some_of(sorted(unfit))

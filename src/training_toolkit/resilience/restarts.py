@@ -26,6 +26,9 @@ from ..settings import default
 # A restart waits BACKOFF_S, doubling with each restart, at most this long.
 MAX_BACKOFF_S = 300.0
 CAUSES = ("failure", "hang")
+# Not a cause but a rule RESTART_ON may add: a host whose ranks fail the same
+# way (exit code) in two attempts in a row gives its place to a spare.
+REPEAT = "repeat"
 DEFAULT_NO_RESTART_CODES = default(params.NO_RESTART_EXIT_CODES_ENV)  # 64-78
 
 
@@ -81,12 +84,15 @@ def settings_of(environ):
 
 
 def parse_causes(text):
-    """`failure`, `hang`, or both, comma-separated (default: both)."""
+    """`failure`, `hang`, or both, comma-separated (default: both), and
+    `repeat` beside them."""
     names = [part.strip() for part in text.split(",")] if text.strip() else list(CAUSES)
-    bad = [name for name in names if name not in CAUSES]
-    if bad or not names:
-        raise ConfigError("must be %s, or both comma-separated; got %r"
-                          % (" or ".join(CAUSES), text), field=params.RESTART_ON_ENV)
+    bad = [name for name in names if name not in CAUSES + (REPEAT,)]
+    if bad or not set(names) & set(CAUSES):
+        raise ConfigError("must be %s, or both comma-separated, with %s beside them where a "
+                          "host whose ranks fail the same way twice in a row goes to a spare; "
+                          "got %r" % (" or ".join(CAUSES), REPEAT, text),
+                          field=params.RESTART_ON_ENV)
     return frozenset(names)
 
 
@@ -149,7 +155,9 @@ def decide(settings, failure, history):
     """The Decision after a failed attempt. `failure`: {"exit_code", "cause"
     ("failure", "hang", "stop", "lost"), "progress" (True, False, or None
     where the job has no measure of it), "replaceable" (a spare host is
-    ready to take a lost host's place)}. `history`: (restarts done in
+    ready to take a lost host's place), "device_error" ((host, the line
+    that says its device failed)), "repeated" (the host whose ranks failed
+    with this exit code in the attempt before too)}. `history`: (restarts done in
     this `train` with their monotonic times, attempts in a row without
     progress before this one, across the orchestrator's restarts too, the
     monotonic time now) as an AttemptHistory."""
@@ -189,9 +197,13 @@ def decide(settings, failure, history):
     done = len(history.restart_times)
     backoff = min(MAX_BACKOFF_S, settings.backoff_s * 2 ** done)
     replace = {device[0]: "its ranks died of a device error (%s)" % device[1]} if device else {}
+    repeated = failure.get("repeated")  # the host whose ranks failed so twice in a row
+    if repeated and not device and REPEAT in settings.on and failure.get("replaceable"):
+        replace = {repeated: "its ranks failed with exit code %d in two attempts in a row "
+                             "(%s names %s)" % (code, params.RESTART_ON_ENV, REPEAT)}
     return Decision(True, code, "restart %d of %d%s after %gs%s" % (
         used + 1, settings.restarts, " in %gs" % settings.window_s if settings.window_s else "",
-        backoff, ", a spare host in the place of %s" % device[0] if device else ""),
+        backoff, ", a spare host in the place of %s" % ", ".join(replace) if replace else ""),
         attempt=history.attempt + 1, backoff_s=backoff, no_progress=streak, replace=replace)
 
 
