@@ -33,6 +33,7 @@ KINDS = (
     ("contract", "#9e9ac8", "contract"),
     ("fetch", "#6baed6", "fetch"),
     ("install", "#74c476", "install"),
+    ("spare", "#fee391", "waiting as a spare"),
     ("ssh_readiness", "#fdae6b", "SSH readiness"),
     ("run", "#3182bd", "run"),
     ("verdict", "#969696", "verdict"),
