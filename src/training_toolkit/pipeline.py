@@ -21,7 +21,6 @@ from .job.checks import check_requirements_file
 from .job.environment import Environment
 from .job.paths import entry_point_path, is_populated, remove_stop_file
 from .runners import RunnerType, load, load_for, select
-from .supervise import Terminated
 from .runners.plan import COMMAND, PYTHON_PACKAGE, entry_kind
 
 
@@ -311,6 +310,8 @@ class AttemptLoop:
         return self.made.to_message()
 
     def run(self, runner):
+        from .supervise import Terminated
+
         attempts = self.attempts
         self.runner = runner
         self.reporter.set(restarts=self.settings.status())
