@@ -20,6 +20,7 @@ TOOLKIT = {
     "training_toolkit.trainer",            # `train`: handlers, verdict
     "training_toolkit.checkpoint_wing",    # exports the checkpoint dir; nothing of the wing
     "training_toolkit.pipeline",           # the phases of one host's job
+    "training_toolkit.attempt_loop",       # its run phase (the restarts' loop unused here)
     "training_toolkit.context",            # the one job context
     "training_toolkit.job",                # the contract: config -> Environment
     "training_toolkit.job.environment",

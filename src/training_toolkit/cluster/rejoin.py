@@ -134,7 +134,7 @@ def _master(hosts, master, port, key, attempt, pool, unfit, try_, started, deadl
 
 
 def rejoin_for_attempt(env, launch_plan, attempt, pool=None, unfit=None, try_=0):
-    """`rejoin` for a job's attempt (the attempt loop's, pipeline.py), on a
+    """`rejoin` for a job's attempt (the attempt loop's, attempt_loop.py), on a
     host of a multi-host job: a host lost in the backoff is named (79), or
     replaced by a spare. Returns the `go` ({} where no rejoin is needed)."""
     settings = launch_plan.settings

@@ -63,7 +63,7 @@ class LaunchPlan:
         # Decisions worth recording in status.json (SMDDP: the backend).
         self.status = dict(status or {})
         # With restarts on, the job's decision after a failed attempt
-        # (pipeline.AttemptLoop's), which the master's verdict carries.
+        # (attempt_loop.AttemptLoop's), which the master's verdict carries.
         self.decide_next = None
 
     def to_dict(self):
