@@ -52,23 +52,23 @@ def run(rank, world, collective):
         time.sleep(0.02)
 """
 
-TORCH_SCRIPT = STEPS + """
+# How each runner's ranks call `run(rank, world, collective)` (test_spares.py too).
+RUN_AS = {"torchrun": """
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")
 run(dist.get_rank(), dist.get_world_size(), lambda: dist.all_reduce(torch.ones(1)))
 dist.destroy_process_group()
-"""
-
-MPI_SCRIPT = STEPS + """
+""", "mpi": """
 from mpi4py import MPI
 comm = MPI.COMM_WORLD
 run(comm.Get_rank(), comm.Get_size(), lambda: comm.allreduce(1))
-"""
-
-PROCESS_SCRIPT = STEPS + """
+""", "process": """
 hosts = json.loads(os.environ["SM_HOSTS"])
 run(hosts.index(os.environ["SM_CURRENT_HOST"]), len(hosts), lambda: None)
-"""
+"""}
+TORCH_SCRIPT = STEPS + RUN_AS["torchrun"]
+MPI_SCRIPT = STEPS + RUN_AS["mpi"]
+PROCESS_SCRIPT = STEPS + RUN_AS["process"]
 
 MPI_HPS = {"sagemaker_mpi_enabled": True, "sagemaker_mpi_num_of_processes_per_host": 2,
            "sagemaker_mpi_custom_mpi_options": "-mca mpi_yield_when_idle 1"}

@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from cluster_jobs import ClusterJob, require_cluster
+from test_restarts import MPI_HPS, RUN_AS
 from training_toolkit.distributed import Torchrun
 
 pytestmark = pytest.mark.usefixtures("cluster_supported")
@@ -51,26 +52,8 @@ def run(rank, world, collective):
         time.sleep(0.05)
 """
 
-TORCH_SCRIPT = STEPS + """
-import torch, torch.distributed as dist
-dist.init_process_group("gloo")
-run(dist.get_rank(), dist.get_world_size(), lambda: dist.all_reduce(torch.ones(1)))
-dist.destroy_process_group()
-"""
-
-MPI_SCRIPT = STEPS + """
-from mpi4py import MPI
-comm = MPI.COMM_WORLD
-run(comm.Get_rank(), comm.Get_size(), lambda: comm.allreduce(1))
-"""
-
-PROCESS_SCRIPT = STEPS + """
-hosts = json.loads(os.environ["SM_HOSTS"])
-run(hosts.index(os.environ["SM_CURRENT_HOST"]), len(hosts), lambda: None)
-"""
-
-MPI_HPS = {"sagemaker_mpi_enabled": True, "sagemaker_mpi_num_of_processes_per_host": 2,
-           "sagemaker_mpi_custom_mpi_options": "-mca mpi_yield_when_idle 1"}
+TORCH_SCRIPT, MPI_SCRIPT, PROCESS_SCRIPT = (STEPS + RUN_AS[kind]
+                                            for kind in ("torchrun", "mpi", "process"))
 
 
 def spare_job(tmp_path, kind, n):

@@ -267,7 +267,6 @@ def _wait_as_spare(job, env, hook, command):
     log.warning("this spare host takes the place of %s from restart %d on" % (
         ", ".join(p["left"] for p in promotion["promotions"]
                   if p["spare"] == promoted.current_host), promotion["attempt"]))
-    reporter.set(host=promoted.current_host)
     return promoted
 
 
