@@ -225,22 +225,30 @@ def test_plan_says_what_restarts_will_do(tmp_path):
 
 
 # The launch a standby stands in for: parked at its gate while STANDBY_ENV
-# names one (as runners/torchrun_launcher.py parks), then it records what it
-# ran with. The first attempt waits until the next one's standby has parked.
+# names one (as runners/torchrun_launcher.py parks), then, at the go, it
+# takes on the command written beside the gate, and records what it ran
+# with. The first attempt waits until the next one's standby has parked.
 LAUNCH = """
 import json, os, sys, time
 from training_toolkit.supervise import standby
-marks, standby_dir = sys.argv[1], sys.argv[2]
+marks, args = sys.argv[1], sys.argv[2:]
 fifo = os.environ.pop(standby.STANDBY_ENV, None)
 if fifo is not None:
     gate = os.open(fifo, os.O_RDONLY)
     open(os.path.join(marks, "parked"), "w").close()
     if os.read(gate, 1) != standby.GO:
         sys.exit(0)  # the gate closed without a go: discarded
+    with open(os.path.join(os.path.dirname(fifo), standby.COMMAND_FILE)) as f:
+        command = json.load(f)
+    os.environ.clear()
+    os.environ.update(command["env"])
+    os.chdir(command["cwd"])
+    args = command["argv"][1:]
 attempt = os.environ["TRAINING_TOOLKIT_RESTART_COUNT"]
 with open(os.path.join(marks, "attempt-%s.json" % attempt), "w") as f:
-    json.dump({"pid": os.getpid(), "parked": fifo is not None,
-               "hosts": os.environ["SM_HOSTS"]}, f)
+    json.dump({"pid": os.getpid(), "parked": fifo is not None, "args": args,
+               "hosts": os.environ["SM_HOSTS"], "cwd": os.getcwd(),
+               "extra": os.environ.get("EXTRA")}, f)
 end = time.monotonic() + 30
 while attempt == "0" and time.monotonic() < end and not os.path.exists(
         os.path.join(marks, "parked")):
@@ -248,15 +256,17 @@ while attempt == "0" and time.monotonic() < end and not os.path.exists(
 """
 
 
-@pytest.mark.parametrize("change", [
-    {}, {"SM_HOSTS": '["algo-1","algo-3"]'}, {"EXTRA": "1"}, {"cwd": "other"},
-    {"relay_stdout": True},
-], ids=["same-command", "new-host-list", "an-added-variable", "another-cwd", "other-streams"])
-def test_a_standby_is_adopted_only_for_exactly_the_command_it_stands_in_for(tmp_path, change):
+@pytest.mark.parametrize("change, warm", [
+    ({}, True), ({"SM_HOSTS": '["algo-1","algo-3"]'}, True), ({"args": ["--node_rank", "1"]}, True),
+    ({"cwd": "other"}, True), ({"EXTRA": "1"}, False), ({"relay_stdout": True}, False),
+], ids=["same-command", "new-host-list", "other-options", "another-cwd", "an-added-variable",
+        "other-streams"])
+def test_a_standby_is_adopted_only_for_a_command_it_can_stand_in_for(tmp_path, change, warm):
     """A real Supervisor and a real parked launch (supervise/standby.py):
-    the restart's start adopts the standby when its argv, environment,
-    working dir and streams are the ones it was started for; anything else
-    (a new host list, say) discards it and starts the command fresh."""
+    the restart's start adopts the standby, which runs the restart's
+    command, where only its options, working dir and SM_*/TRAINING_TOOLKIT_*
+    variables differ (a new host list, say); anything else (another
+    variable, other streams) discards it and starts the command fresh."""
     import sys
 
     from training_toolkit import params
@@ -267,12 +277,12 @@ def test_a_standby_is_adopted_only_for_exactly_the_command_it_stands_in_for(tmp_
     marks.mkdir()
     (tmp_path / "other").mkdir()
     (tmp_path / "launch.py").write_text(LAUNCH)
-    argv = [sys.executable, str(tmp_path / "launch.py"), str(marks), standby_dir]
+    argv = [sys.executable, str(tmp_path / "launch.py"), str(marks), "--node_rank", "2"]
     env = dict(os.environ, SM_HOSTS='["algo-1","algo-2"]', **{params.RESTART_COUNT_ENV: "0"})
     cwd = str(tmp_path)
     supervisor = Supervisor(grace_seconds=5)
     keeper = supervisor.standby
-    keeper.expect(WarmNext({params.RESTART_COUNT_ENV: "1"}, standby_dir, 0))
+    keeper.expect(WarmNext(standby_dir, 0))
     try:
         supervisor.start(argv, env=env, cwd=cwd, standby=launcher_standby(argv, env, cwd))
         assert supervisor.wait().exit_code == 0
@@ -282,18 +292,21 @@ def test_a_standby_is_adopted_only_for_exactly_the_command_it_stands_in_for(tmp_
         change = dict(change)
         next_cwd = str(tmp_path / change.pop("cwd")) if "cwd" in change else cwd
         relay_stdout = change.pop("relay_stdout", False)
+        next_argv = argv[:3] + change.pop("args", argv[3:])
         next_env = dict(env, **{params.RESTART_COUNT_ENV: "1"}, **change)
-        proc = supervisor.start(argv, env=next_env, cwd=next_cwd, relay_stdout=relay_stdout)
+        proc = supervisor.start(next_argv, env=next_env, cwd=next_cwd, relay_stdout=relay_stdout)
         assert supervisor.wait().exit_code == 0
         with open(marks / "attempt-1.json") as f:
             ran = json.load(f)
-        if not (change or next_cwd != cwd or relay_stdout):
+        # Warm or cold, it ran the restart's command.
+        assert (ran["args"], ran["hosts"], ran["cwd"], ran["extra"]) == (
+            next_argv[3:], next_env["SM_HOSTS"], next_cwd, next_env.get("EXTRA")), ran
+        if warm:
             assert keeper.started_warm and proc is parked, ran
-            assert ran == {"pid": parked.pid, "parked": True, "hosts": env["SM_HOSTS"]}
+            assert ran["pid"] == parked.pid and ran["parked"], ran
         else:
             assert not keeper.started_warm and proc is not parked, ran
             assert ran["pid"] != parked.pid and not ran["parked"], ran
-            assert ran["hosts"] == next_env["SM_HOSTS"]
             assert parked.returncode is not None  # the standby was killed and reaped
     finally:
         keeper.discard()

@@ -251,16 +251,15 @@ class AttemptLoop:
         self.reporter.set(hosts=list(self.env.hosts))
 
     def _warm_next(self):
-        """What the next attempt's start differs in, while one may follow
-        and warm restarts are on (supervise/standby.py); else None."""
+        """Where and when the next attempt's standby waits, while one may
+        follow and warm restarts are on (supervise/standby.py); else None."""
         settings, number = self.settings, self.attempts.number
         spent = settings.window_s is None and number >= settings.restarts
         if settings.warm_after_s is None or spent:
             return None
         from .supervise.standby import WarmNext
 
-        return WarmNext({params.RESTART_COUNT_ENV: str(number + 1)},
-                        self.env.paths.standby_dir, settings.warm_after_s)
+        return WarmNext(self.env.paths.standby_dir, settings.warm_after_s)
 
     def _conclude(self, outcome):
         """The decision on the attempt that ended with `outcome`: this

@@ -20,8 +20,9 @@ runs torch.distributed.run's own `main` with ARGS, and differs from
 Started as the standby of a restart's attempt (STANDBY_ENV names a FIFO;
 training_toolkit/supervise/standby.py), the script imports torch at idle CPU
 priority (where it holds CAP_SYS_NICE to come back from it), then waits for
-the go (one byte on the FIFO) before it goes on as above; the FIFO's end
-without a go ends the script.
+the go (one byte on the FIFO), takes the command it runs (its ARGS,
+environment and working directory: the attempt's, from COMMAND_FILE beside
+the FIFO) and goes on as above; the FIFO's end without a go ends the script.
 
 And SIGUSR1 and SIGUSR2 ("checkpoint now", which `train` passes on) go to
 the agent's workers, the ranks, instead of ending the agent as they would.
@@ -47,6 +48,7 @@ STORE_WAIT_S = 600
 # training_toolkit.supervise.standby's, which this file cannot import.
 STANDBY_ENV = "TRAINING_TOOLKIT_STANDBY_FIFO"
 GO = b"g"
+COMMAND_FILE = "command.json"
 CAP_SYS_NICE = 23
 
 
@@ -146,8 +148,9 @@ def park():
     return False
 
 
-def await_go(fd, parked):
-    """Block until `train` says go on the FIFO `fd`; end quietly on anything else."""
+def await_go(fd, fifo, parked):
+    """Block until `train` says go on the FIFO `fd`, then take on the
+    command it wrote: returns its ARGS; ends quietly on anything else."""
     go = os.read(fd, 1)
     os.close(fd)
     if go != GO:
@@ -157,6 +160,15 @@ def await_go(fd, parked):
             os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
         except OSError:
             pass
+    import json
+
+    with open(os.path.join(os.path.dirname(fifo), COMMAND_FILE)) as f:
+        command = json.load(f)
+    os.environ.clear()
+    os.environ.update(command["env"])
+    if command["cwd"]:
+        os.chdir(command["cwd"])
+    return command["argv"]
 
 
 def main(argv):
@@ -173,12 +185,12 @@ def main(argv):
         del sys.path[0]
     import torch.distributed.run as torchrun
 
+    if go_fd is not None:
+        argv = await_go(go_fd, fifo, parked)
     if restarts(argv[1:]) == 0:
         import torch.distributed.elastic.multiprocessing.api as api
 
         notice_workers_first(api)
-    if go_fd is not None:
-        await_go(go_fd, parked)
     wait_for, sys.argv = argv[0], ["torchrun"] + argv[1:]
     if wait_for != "-":
         wait_for_store(wait_for, STORE_WAIT_S)

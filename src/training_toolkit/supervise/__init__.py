@@ -181,9 +181,8 @@ class Supervisor:
         `transform`, optionally one line per write, each prefixed with
         `tag[fd]` (a rank's host and number). `watch` (the hang watchdog's
         RankWatch) sees what is relayed. The start adopts the standby made
-        for it, if one waits (supervise/standby.py); `standby(warm_next,
-        streams, gate)` makes one for the next attempt, where the Keeper
-        expects one."""
+        for it, if one waits (supervise/standby.py); `standby(streams,
+        gate)` makes one for the next attempt, where the Keeper expects one."""
         if self.terminating:
             raise Terminated(signal.SIGTERM)
         env = dict(os.environ if env is None else env)

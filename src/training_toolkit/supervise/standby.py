@@ -11,16 +11,21 @@ saved 0.8 s of a 7.8 s restart at 8 hosts; docs/benchmarks.md.)
 * A Gate is a FIFO in the host's standby dir (job/paths.py), which `train`
   holds open for reading and writing from the first standby to the job's
   end: the parked launcher opens it without blocking and reads one byte.
-  `go()` writes it, even before the launcher opened the FIFO. Closing it
+  `go()` first writes the command to run (COMMAND_FILE, beside the FIFO),
+  then the byte, even before the launcher opened the FIFO. Closing it
   without a go ends the launcher.
 * A Standby is a parked launcher that `train` started itself, with its
-  output pipes, and the command (argv, environment, working directory,
-  streams) it stands in for.
+  output pipes. It stands in for any command of the same interpreter and
+  script, with the same output streams, whose environment differs from the
+  one it started with only in SM_* and TRAINING_TOOLKIT_* variables (the
+  attempt's number, a new host list after a spare's promotion: nothing
+  that the interpreter or torch reads before the go); its options, working
+  directory and environment are the command's, from COMMAND_FILE.
 * The Keeper holds a host's standby across the job's attempts (the
-  Supervisor's `standby`): the restart loop says what the next start will
-  differ in (`expect`); a start adopts the standby when its command is
-  exactly the one (anything else is killed, and the start is cold) and arms
-  the next one, which the Supervisor's wait starts after `after_s`.
+  Supervisor's `standby`): the restart loop says whether another attempt
+  may follow (`expect`); a start adopts the standby where it stands in for
+  the command (anything else is killed, and the start is cold) and arms the
+  next one, which the Supervisor's wait starts after `after_s`.
 
 The parked launcher (runners/torchrun_launcher.py, told by STANDBY_ENV)
 waits at idle CPU priority, where it can come back from it (CAP_SYS_NICE).
@@ -28,6 +33,7 @@ Where it cannot, warm restarts are off unless asked for
 (TRAINING_TOOLKIT_WARM_RESTARTS=1): its imports would then take CPU from the
 running attempt at normal priority.
 """
+import json
 import os
 import signal
 
@@ -36,17 +42,19 @@ from .. import proctree
 STANDBY_ENV = "TRAINING_TOOLKIT_STANDBY_FIFO"
 GO = b"g"
 FIFO_NAME = "go"
+COMMAND_FILE = "command.json"  # beside the FIFO: {"argv": [...], "env": {...}, "cwd": ...}
+# What may differ between the command a standby started with and the one it
+# runs: variables that neither the interpreter nor torch reads at start.
+MAY_DIFFER = ("SM_", "TRAINING_TOOLKIT_")
 CAP_SYS_NICE = 23
 
 
 class WarmNext:
-    """What the next attempt's start will differ in: `changes` to the
-    launcher's environment (the attempt's number); the host's standby
-    dir; how long after the attempt's start its standby starts (its
-    imports would slow the attempt's own start, even at idle priority)."""
+    """Another attempt may follow: the host's standby dir, and how long
+    after the attempt's start its standby starts (its imports would slow
+    the attempt's own start, even at idle priority)."""
 
-    def __init__(self, changes, directory, after_s):
-        self.changes = dict(changes)
+    def __init__(self, directory, after_s):
         self.directory = directory
         self.after_s = after_s
 
@@ -76,7 +84,13 @@ class Gate:
         # waits for the go, or for the end once this is closed.
         self._fd = os.open(self.fifo, os.O_RDWR | os.O_CLOEXEC)
 
-    def go(self):
+    def go(self, argv, env, cwd):
+        """Release the parked launcher into `argv` (its options, after the
+        interpreter and the script), `env` and `cwd`."""
+        path = os.path.join(self.directory, COMMAND_FILE)
+        with open(path + ".new", "w") as f:
+            json.dump({"argv": list(argv[2:]), "env": dict(env), "cwd": cwd}, f)
+        os.replace(path + ".new", path)  # whole before the go
         os.write(self._fd, GO)
 
     def close(self):
@@ -90,31 +104,36 @@ class Gate:
 
 
 class Standby:
-    """The parked process of `argv` in `cwd`, with `env`, and our read ends
-    of its output pipes for `streams`. `key`: the (argv, env) of the start
-    it stands in for; `gate`: where it waits for its go."""
+    """The process of `argv` in `cwd`, with `env`, parked at `gate`, and our
+    read ends of its output pipes for `streams`."""
 
-    def __init__(self, argv, env, cwd, streams, key, gate):
+    def __init__(self, argv, env, cwd, streams, gate):
         from . import spawn_piped
 
-        self.key = (list(key[0]), dict(key[1]), cwd, tuple(sorted(streams)))
+        self.argv, self.env, self.streams = list(argv), dict(env), tuple(sorted(streams))
         self.gate = gate
-        self.proc, self.read_ends = spawn_piped(argv, env, cwd, streams)
+        self.proc, self.read_ends = spawn_piped(
+            argv, dict(env, **{STANDBY_ENV: gate.fifo}), cwd, streams)
 
-    def fits(self, argv, env, cwd, streams):
-        """Whether the standby is the command asked for, and still parked."""
-        return self.proc.poll() is None and self.key == (
-            list(argv), dict(env), cwd, tuple(sorted(streams)))
+    def fits(self, argv, env, streams):
+        """Whether the standby is still parked and stands in for the command
+        (the module's docstring says what may differ)."""
+        if self.proc.poll() is not None or list(argv[:2]) != self.argv[:2] or \
+                tuple(sorted(streams)) != self.streams:
+            return False
+        return all(name.startswith(MAY_DIFFER) for name in set(env) ^ set(self.env)) and all(
+            name.startswith(MAY_DIFFER) for name in env if env[name] != self.env.get(name))
 
-    def go(self):
-        """Hand the process over: (its Process, {stream: read end}). It
-        runs at normal priority again (it may have parked at idle)."""
+    def go(self, argv, env, cwd):
+        """Hand the process over to run the command: (its Process, {stream:
+        read end}). It runs at normal priority again (it may have parked at
+        idle)."""
         for task in _tasks(self.proc.pid):
             try:
                 os.sched_setscheduler(task, os.SCHED_OTHER, os.sched_param(0))
             except OSError:
                 pass  # not idle, or not ours to raise: the launcher tries itself
-        self.gate.go()
+        self.gate.go(argv, env, cwd)
         read_ends, self.read_ends = self.read_ends, {}
         return self.proc, read_ends
 
@@ -130,11 +149,9 @@ class Standby:
 
 def launcher_standby(argv, env, cwd):
     """The standby factory of a launcher that reads STANDBY_ENV (torchrun's):
-    the same command in the next attempt's environment, parked at the gate."""
-    def make(warm, streams, gate):
-        next_env = dict(env, **warm.changes)
-        return Standby(argv, dict(next_env, **{STANDBY_ENV: gate.fifo}), cwd, streams,
-                       (argv, next_env), gate)
+    the same command, parked at the gate."""
+    def make(streams, gate):
+        return Standby(argv, env, cwd, streams, gate)
     return make
 
 
@@ -160,20 +177,21 @@ class Keeper:
         return {self._standby.proc.pid} if self._standby is not None else set()
 
     def adopt(self, argv, env, cwd, streams):
-        """A start: (Process, {stream: read end}) of the standby made for
-        exactly this command, or None (a standby made for another is killed)."""
+        """A start: (Process, {stream: read end}) of the standby, released
+        into this command, or None (a standby that cannot stand in for it is
+        killed)."""
         waiting, self._standby, self._armed = self._standby, None, None
         if waiting is None:
             return None
-        if not waiting.fits(argv, env, cwd, streams):
+        if not waiting.fits(argv, env, streams):
             waiting.discard()
             return None
         self.started_warm = True
-        return waiting.go()
+        return waiting.go(argv, env, cwd)
 
     def arm(self, make, streams):
-        """A start whose next attempt may wait warm: `make(warm_next,
-        streams, gate)` makes its standby, once `start_due` says so."""
+        """A start whose next attempt may wait warm: `make(streams, gate)`
+        makes its standby, once `start_due` says so."""
         if make is not None and self.next is not None:
             self._armed = (make, streams)
 
@@ -189,7 +207,7 @@ class Keeper:
         if self._gate is None:
             self._gate = Gate(self.next.directory)
         try:
-            self._standby = make(self.next, streams, self._gate)
+            self._standby = make(streams, self._gate)
         except OSError as e:
             from .. import log
 
