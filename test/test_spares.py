@@ -15,6 +15,7 @@ import pytest
 from cluster_jobs import ClusterJob, require_cluster
 from test_restarts import MPI_HPS, RUN_AS
 from training_toolkit.distributed import Torchrun
+from training_toolkit.runners import torchrun as torchrun_runner
 
 pytestmark = pytest.mark.usefixtures("cluster_supported")
 
@@ -167,15 +168,19 @@ def test_a_killed_host_is_replaced_by_the_spare_and_the_job_ends_0(tmp_path, kin
     restart waits the grace for it, then the spare takes node rank 1,
     resumes from the checkpoint, and the job ends 0 on every host left."""
     # torchrun: the survivors' launchers of the restart wait warm from 0.5 s
-    # into the first attempt, and run the new world's command.
+    # into the first attempt, the spare's from its wait on, and run the new
+    # world's command.
     warm = dict(TRAINING_TOOLKIT_WARM_RESTARTS=1, TRAINING_TOOLKIT_WARM_RESTART_AFTER_S=0.5)
     with spare_job(tmp_path, kind, 4) as job:
         job.start(**settings(job, **(warm if kind == "torchrun" else {})))
         wait_for_spare(job, "algo-4")
         wait_for_step(job, 5)
-        # A spare runs no user code: only its `train` lives in its host.
-        assert [cmd for _, cmd in host_processes(job, "algo-4")
-                if "train.py" in cmd or "torchrun" in cmd] == []
+        # A spare runs no user code: only its `train` lives in its host, and
+        # under torchrun its launcher, parked bare (no options, no program).
+        running = [cmd for _, cmd in host_processes(job, "algo-4")
+                   if "train.py" in cmd or "torchrun" in cmd]
+        assert [cmd.split()[1:] for cmd in running] == (
+            [] if kind != "torchrun" else [[torchrun_runner.LAUNCHER]]), running
         assert status_of(job, "algo-4")["role"] == "spare"
         killed_at = kill_host(job, "algo-2")
         job.wait(timeout=240, hosts=["algo-1", "algo-3", "algo-4"])
@@ -195,9 +200,9 @@ def test_a_killed_host_is_replaced_by_the_spare_and_the_job_ends_0(tmp_path, kin
         # The spare joined at restart 1, as node rank 1, and resumed.
         spare_records = attempts_of(job, "algo-4")
         assert [r["attempt"] for r in spare_records] == [1], spare_records
-        if kind == "torchrun":
-            assert [attempts_of(job, host)[1]["warm_start"] for host in ("algo-1", "algo-3")] \
-                == [True, True]
+        if kind == "torchrun":  # every launcher of the restart started warm
+            assert [attempts_of(job, host)[-1]["warm_start"] for host in (
+                "algo-1", "algo-3", "algo-4")] == [True, True, True]
         ranks = {"torchrun": 3, "process": 3, "mpi": 6}[kind]
         per_host = ranks // 3
         hosts = ["algo-1", "algo-4", "algo-3"]

@@ -199,6 +199,26 @@ def plan(env, entry_point=None, args=None, runner_type=None, env_vars=None, extr
                                   options=extra_opts or {})
 
 
+def park_as_spare(env, supervisor, command=None):
+    """A spare host's launcher, parked before its promotion where the job's
+    runner has one (torchrun's) and warm restarts are on: planned for the
+    place of the world's last host, it stands in for any place
+    (supervise/standby.py). Whether one parked."""
+    from .job.spares import format_replaced, parse_replaced
+    from .resilience.restarts import settings_of
+
+    settings = settings_of(os.environ)
+    last = env.hosts[-1]
+    if settings is None or settings.warm_after_s is None or last == env.master_hostname:
+        return False  # no warm restarts; or the master, never replaced, is the whole world
+    replaced = parse_replaced(os.environ.get(params.REPLACED_HOSTS_ENV, ""))
+    there = Environment.read(env.paths, dict(os.environ, **{
+        params.REPLACED_HOSTS_ENV: format_replaced(replaced + [(last, env.current_host)])}))
+    launch_plan = plan(there, command=command, one_job=True)
+    park = getattr(load_for(launch_plan), "park", None)
+    return park is not None and park(launch_plan, supervisor, there)
+
+
 def prepare(env, supervisor, reporter, uri=None, entry_point=None):
     """Fetch and install the code (the steps before any user process). The
     entry point (`entry_point`, else the job's) is checked as soon as the

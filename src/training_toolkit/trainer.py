@@ -256,8 +256,15 @@ def _wait_as_spare(job, env, hook, command):
             env.user_entry_point or None))
     pipeline.preflight(env, reporter)
     reporter.begin("spare")
+    if not hook:  # its promotion's launcher waits warm, where it can
+        pipeline.park_as_spare(env, job.supervisor, command)
     deadline = time.monotonic() + ssh.deadline_seconds(os.environ)
-    promotion = wait_as_spare(env, reporter, deadline)
+    promotion = None
+    try:
+        promotion = wait_as_spare(env, reporter, deadline)
+    finally:
+        if promotion is None:  # the job ended: nothing will adopt it
+            job.supervisor.standby.discard()
     reporter.end()
     if promotion is None:
         return None

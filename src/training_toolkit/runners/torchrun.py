@@ -210,9 +210,23 @@ def stopped_is_sigterm(outcome):
 
 
 def run_command(supervisor, command, settings):
+    env = command.full_env()
+    return supervisor.run(command.argv, env=env, cwd=command.cwd,
+                          standby=_standby(command.argv, env, command.cwd, settings))
+
+
+def park(launch, supervisor, env):
+    """A spare host's launcher, parked before its promotion: `launch` is
+    the plan of a place it may take, and its promotion into any place adopts
+    it (supervise/standby.py). Parked as the bare launcher, which is given
+    its options at the go: it runs nothing of the job's before. Whether it
+    parked."""
+    command = launch.command
+    standby = _standby(command.argv[:2], command.full_env(), command.cwd, launch.settings)
+    return standby is not None and supervisor.park(standby, env.paths.standby_dir)
+
+
+def _standby(argv, env, cwd, settings):
     # The launcher can wait warm for a restart (supervise/standby.py), unless
     # the Neuron precompiler runs it.
-    env = command.full_env()
-    standby = None if settings.neuron_parallel_compile else launcher_standby(
-        command.argv, env, command.cwd)
-    return supervisor.run(command.argv, env=env, cwd=command.cwd, standby=standby)
+    return None if settings.neuron_parallel_compile else launcher_standby(argv, env, cwd)

@@ -186,8 +186,7 @@ class Supervisor:
         if self.terminating:
             raise Terminated(signal.SIGTERM)
         env = dict(os.environ if env is None else env)
-        streams = [name for name, wanted in (("stdout", relay_stdout), ("stderr", relay_stderr))
-                   if wanted]
+        streams = _streams(relay_stdout, relay_stderr)
         adopted = self.standby.adopt(argv, env, cwd, streams)
         # Children we already had (a framework's own helpers, sshd, a
         # standby) are not part of this command's tree; anything reparented
@@ -221,6 +220,12 @@ class Supervisor:
         else:  # started in wait(), from this (the main) thread
             self.standby.arm(standby, streams)
         return self.proc
+
+    def park(self, standby, directory, relay_stdout=False, relay_stderr=True):
+        """Start `standby(streams, gate)` now, for a start with these relay
+        options yet to come (`start`'s), its gate in `directory`: a spare
+        host's launcher, parked before its promotion."""
+        return self.standby.park(standby, _streams(relay_stdout, relay_stderr), directory)
 
     def wait(self):
         proc = self.proc
@@ -384,6 +389,12 @@ def spawn_piped(argv, env, cwd, streams):
         for _, write_end in pipes.values():
             os.close(write_end)
     return proc, {name: read_end for name, (read_end, _) in pipes.items()}
+
+
+def _streams(relay_stdout, relay_stderr):
+    """The output streams of a start that we relay (through pipes)."""
+    return [name for name, wanted in (("stdout", relay_stdout), ("stderr", relay_stderr))
+            if wanted]
 
 
 def _exits_within(proc, seconds):

@@ -203,9 +203,14 @@ class Keeper:
         if armed is None or self.next is None or not has_run_for(self.next.after_s) or \
                 stopping():
             return False
-        make, streams = armed
+        return self.park(*armed, self.next.directory)
+
+    def park(self, make, streams, directory):
+        """Start the standby `make(streams, gate)` now, its gate in
+        `directory`; whether it started. (A spare host parks its launcher
+        so, before any attempt of its own.)"""
         if self._gate is None:
-            self._gate = Gate(self.next.directory)
+            self._gate = Gate(directory)
         try:
             self._standby = make(streams, self._gate)
         except OSError as e:
