@@ -3,23 +3,29 @@
 torchrun on simulated hosts (1 rank per host: the machine has 2 cores), N
 hosts run the job. One run of each contender, alternated (common.alternate):
 
-  spare     N + 1 hosts, TRAINING_TOOLKIT_SPARE_HOSTS=1, RESTARTS=1,
-            RESTART_BACKOFF_S=0, the grace at its default (or --grace). Once
-            every rank computes, the host of node rank 1 dies: every process
-            in it SIGKILLed, then (once they are gone) its network cut.
-            Measured: the kill -> every
-            rank of the next attempt at its first line, and computing (its
-            process group formed, one all_reduce done).
-  requeue   N hosts, the same job without a spare: the kill -> every other
-            host's `train` ended (79), then a cold start of the whole job on
-            the same N hosts (the dead one back), at once: the kill -> every
-            rank at its first line, and computing. What a requeue costs at the
-            least: no scheduler, no image pull, no code fetch.
+  spare       N + 1 hosts, TRAINING_TOOLKIT_SPARE_HOSTS=1, RESTARTS=1,
+              RESTART_BACKOFF_S=0, the grace at its default (or --grace),
+              warm restarts on: every host's launcher of the restart waits
+              warm (supervise/standby.py), the spare's from its wait on, the
+              others' from the first attempt's start (WARM_RESTART_AFTER_S=0:
+              the run stands for a job that ran longer than the default 10 s).
+              Once every rank computes and every launcher has parked, the host
+              of node rank 1 dies: every process in it SIGKILLed, then (once
+              they are gone) its network cut. Measured: the kill -> every rank
+              of the next attempt at its first line, and computing (its
+              process group formed, one all_reduce done).
+  cold spare  the same with TRAINING_TOOLKIT_WARM_RESTARTS=0: every launcher
+              of the restart starts cold.
+  requeue     N hosts, the same job without a spare: the kill -> every other
+              host's `train` ended (79), then a cold start of the whole job on
+              the same N hosts (the dead one back), at once: the kill -> every
+              rank at its first line, and computing. What a requeue costs at
+              the least: no scheduler, no image pull, no code fetch.
 
-Also, from the spare runs: the waiting spare's `train`, its CPU time while the
-job ran (seconds of CPU per second of wall) and its RSS; and the survivors'
-rejoin (resilience.json's rejoin_s: how long the hosts that came back took,
-what the grace must cover).
+Also, from the spare runs: the waiting spare's host (its `train`, and its
+parked launcher where warm), its CPU time while the job ran (seconds of CPU
+per second of wall) and its RSS; and the survivors' rejoin (resilience.json's
+rejoin_s: how long the hosts that came back took, what the grace must cover).
 
 Every run is bounded by --timeout; a run that fails is reported and left out.
 Runs as root (simulated hosts are Linux namespaces) with the python that runs
@@ -41,7 +47,7 @@ from training_toolkit.distributed import Torchrun
 from training_toolkit.job.paths import JobPaths
 
 TARGET_RATIO, TARGET_S, TARGET_AT = 0.3, 5.0, 8
-SPARE, REQUEUE = "spare", "requeue"
+SPARE, COLD, REQUEUE = "spare", "cold spare", "requeue"
 # Every rank marks its first line and its first all_reduce, per run and
 # attempt, in the shared MARKS dir; then it steps until the job is killed.
 SCRIPT = """\
@@ -118,6 +124,22 @@ def kill_host(job, host):
     return at
 
 
+def parked(job, host):
+    """Whether `host`'s standby launcher of the next attempt waits at its
+    gate (supervise/standby.py): its imports done, blocked reading the FIFO."""
+    for pid in host_pids(job, host):
+        try:
+            with open("/proc/%d/environ" % pid, "rb") as f:
+                if b"TRAINING_TOOLKIT_STANDBY_FIFO=" not in f.read():
+                    continue
+            with open("/proc/%d/wchan" % pid) as f:
+                if "pipe_read" in f.read():
+                    return True
+        except OSError:
+            continue
+    return False
+
+
 def marks(root, kind, run, attempt):
     found = {}
     for path in glob.glob(os.path.join(root, "%s-%s-%d-*[0-9]" % (kind, run, attempt))):
@@ -163,31 +185,38 @@ def fresh(job):
         job.cluster.reconnect(host)
 
 
-def settings(args, n, run, steps):
+def settings(args, n, run, steps, dies=True):
     # TCP for DNS: this machine's resolver drops bursts of UDP queries, and
     # each of gloo's reverse lookups then waits out a 5 s timeout.
     values = dict(TRAINING_TOOLKIT_RESTARTS=1, TRAINING_TOOLKIT_RESTART_BACKOFF_S=0,
                   SM_TERMINATION_GRACE_SECONDS=10, MARKS=args.marks, RUN=run, STEPS=steps,
                   RES_OPTIONS="use-vc")
+    if dies:  # the restart's standby launchers start at once: the run stands for a
+        # job that has run longer than their default 10 s when a host dies
+        values["TRAINING_TOOLKIT_WARM_RESTART_AFTER_S"] = 0
     if args.grace is not None:
         values["TRAINING_TOOLKIT_SPARE_GRACE_S"] = args.grace
     return values
 
 
-def spare_run(job, n, args, count):
+def spare_run(job, n, args, count, warm=True):
     run = "s%d" % count[0]
     count[0] += 1
     fresh(job)
-    job.start(TRAINING_TOOLKIT_SPARE_HOSTS=1, **settings(args, n, run, 100000))
+    job.start(TRAINING_TOOLKIT_SPARE_HOSTS=1, TRAINING_TOOLKIT_WARM_RESTARTS=int(warm),
+              **settings(args, n, run, 100000))
     record = {}
     try:
         wait_for(lambda: len(marks(args.marks, "computing", run, 0)) == n, args.timeout,
                  "attempt 0 computing")
-        spare = train_pid(job, job.hosts[-1])
-        cpu0, _ = cpu_and_rss(spare)
+        if warm:  # every host's launcher of the restart, the spare's too
+            wait_for(lambda: all(parked(job, h) for h in job.hosts), args.timeout,
+                     "the standby launchers parked")
+        spare = host_pids(job, job.hosts[-1])  # its train, and its parked launcher
+        cpu0 = sum(cpu_and_rss(pid)[0] for pid in spare)
         t0 = time.monotonic()
         time.sleep(args.watch_spare)
-        cpu1, rss = cpu_and_rss(spare)
+        cpu1, rss = (sum(values) for values in zip(*(cpu_and_rss(pid) for pid in spare)))
         record["spare_cpu"] = (cpu1 - cpu0) / (time.monotonic() - t0)
         record["spare_rss_mb"] = rss / 2 ** 20
         killed = kill_host(job, job.hosts[1])
@@ -199,6 +228,7 @@ def spare_run(job, n, args, count):
                                "resilience.json")) as f:
             restart = json.load(f)["attempts"][1]
         record["rejoin_s"] = restart.get("rejoin_s")
+        record["warm"] = restart.get("warm_start")
         record["promoted"] = [(p["left"], p["spare"]) for p in restart.get("promotions", [])]
     except (TimeoutError, OSError, ValueError, KeyError, IndexError) as e:
         record["error"] = repr(e)
@@ -216,6 +246,8 @@ def requeue_run(job, n, args, count):
     try:
         wait_for(lambda: len(marks(args.marks, "computing", run, 0)) == n, args.timeout,
                  "attempt 0 computing")
+        wait_for(lambda: all(parked(job, h) for h in job.hosts), args.timeout,
+                 "the standby launchers parked")
         killed = kill_host(job, job.hosts[1])
         survivors = [h for h in job.hosts if h != job.hosts[1]]
         job.wait(timeout=args.timeout, hosts=survivors)
@@ -223,7 +255,7 @@ def requeue_run(job, n, args, count):
         record["ended_s"] = time.time() - killed
         again = run + "b"
         fresh(job)
-        job.start(**settings(args, n, again, 0))
+        job.start(**settings(args, n, again, 0, dies=False))
         wait_for(lambda: len(marks(args.marks, "computing", again, 0)) == n, args.timeout,
                  "the requeued job computing")
         record["first_s"] = max(marks(args.marks, "first", again, 0).values()) - killed
@@ -255,7 +287,7 @@ def spread(xs):
 def bench(root, n, args):
     print("\n## %d hosts + 1 spare against a requeue of %d hosts (load average %.2f)"
           % (n, n, os.getloadavg()[0]), flush=True)
-    records = {SPARE: [], REQUEUE: []}
+    records = {SPARE: [], COLD: [], REQUEUE: []}
     count = [0]
     with ClusterJob(os.path.join(root, "spare-%d" % n), n + 1, {"train.py": SCRIPT},
                     distributed=Torchrun(process_count_per_node=1)) as with_spare, \
@@ -270,11 +302,15 @@ def bench(root, n, args):
                 return record.get("computing_s", float("nan"))
             return one
 
+        def cold_run(job, n, args, count):
+            return spare_run(job, n, args, count, warm=False)
+
         common.alternate({SPARE: timed(SPARE, spare_run, with_spare),
+                          COLD: timed(COLD, cold_run, with_spare),
                           REQUEUE: timed(REQUEUE, requeue_run, without)}, args.runs, warmup=0)
     ok = {name: [r for r in rs if "error" not in r] for name, rs in records.items()}
     rows = []
-    for name in (SPARE, REQUEUE):
+    for name in (SPARE, COLD, REQUEUE):
         rs = ok[name]
         rows.append([name, "%d of %d" % (len(rs), len(records[name])),
                      spread([r["first_s"] for r in rs]),
@@ -282,27 +318,30 @@ def bench(root, n, args):
     common.table(["contender", "runs", "kill -> every rank's first line (min / median / max)",
                   "kill -> every rank computing"], rows)
     result = {"hosts": n, "records": records}
-    if ok[SPARE] and ok[REQUEUE]:
+    for name in (SPARE, COLD):
+        if not (ok[name] and ok[REQUEUE]):
+            continue
         pairs = [s["computing_s"] / r["computing_s"] for s, r in zip(
-            records[SPARE], records[REQUEUE]) if "error" not in s and "error" not in r]
-        ratio = (common.median([r["computing_s"] for r in ok[SPARE]])
+            records[name], records[REQUEUE]) if "error" not in s and "error" not in r]
+        ratio = (common.median([r["computing_s"] for r in ok[name]])
                  / common.median([r["computing_s"] for r in ok[REQUEUE]]))
-        result["ratio"] = ratio
-        print("spare / requeue (computing): %.2f (median of paired ratios %.2f); target <= %g: "
-              "%s" % (ratio, common.median(pairs) if pairs else float("nan"), TARGET_RATIO,
-                      common.verdict(ratio <= TARGET_RATIO)))
+        result["ratio" if name == SPARE else "cold_ratio"] = ratio
+        print("%s / requeue (computing): %.2f (median of paired ratios %.2f); target <= %g: "
+              "%s" % (name, ratio, common.median(pairs) if pairs else float("nan"),
+                      TARGET_RATIO, common.verdict(ratio <= TARGET_RATIO)))
         if n == TARGET_AT:
-            slowest = max(r["computing_s"] for r in ok[SPARE])
-            median = common.median([r["computing_s"] for r in ok[SPARE]])
-            print("spare at %d hosts: median %.2f s, max %.2f s; target <= %g s: %s" % (
-                n, median, slowest, TARGET_S, common.verdict(median <= TARGET_S)))
-        print("waiting spare: CPU %.2f %% of a core (max %.2f %%), RSS %.1f MB (max %.1f)" % (
-            100 * common.median([r["spare_cpu"] for r in ok[SPARE]]),
-            100 * max(r["spare_cpu"] for r in ok[SPARE]),
-            common.median([r["spare_rss_mb"] for r in ok[SPARE]]),
-            max(r["spare_rss_mb"] for r in ok[SPARE])))
-        print("survivors rejoined within %s (rejoin_s; the grace covers this)"
-              % spread([r["rejoin_s"] for r in ok[SPARE] if r.get("rejoin_s") is not None]))
+            slowest = max(r["computing_s"] for r in ok[name])
+            median = common.median([r["computing_s"] for r in ok[name]])
+            print("%s at %d hosts: median %.2f s, max %.2f s; target <= %g s: %s" % (
+                name, n, median, slowest, TARGET_S, common.verdict(median <= TARGET_S)))
+        print("waiting %s: CPU %.2f %% of a core (max %.2f %%), RSS %.1f MB (max %.1f)" % (
+            name, 100 * common.median([r["spare_cpu"] for r in ok[name]]),
+            100 * max(r["spare_cpu"] for r in ok[name]),
+            common.median([r["spare_rss_mb"] for r in ok[name]]),
+            max(r["spare_rss_mb"] for r in ok[name])))
+    rejoins = [r["rejoin_s"] for name in (SPARE, COLD) for r in ok[name]
+               if r.get("rejoin_s") is not None]
+    print("survivors rejoined within %s (rejoin_s; the grace covers this)" % spread(rejoins))
     return result
 
 

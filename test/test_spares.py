@@ -215,6 +215,29 @@ def test_a_killed_host_is_replaced_by_the_spare_and_the_job_ends_0(tmp_path, kin
         assert checkpointed(job) == 40
 
 
+def test_a_spare_never_promoted_ends_0_and_its_parked_launcher_with_it(tmp_path):
+    """torchrun, 2 hosts + 1 spare, warm restarts: the spare's launcher
+    parks while it waits; the job ends 0 with no restart, the spare with
+    it, and nothing of the spare's is left behind."""
+    from test_restarts import standby_processes
+
+    with spare_job(tmp_path, "torchrun", 3) as job:
+        job.start(**settings(job, STEPS=60, TRAINING_TOOLKIT_WARM_RESTARTS=1))
+        wait_for_spare(job, "algo-3")
+        deadline = time.monotonic() + 60
+        while not [cmd for _, cmd in host_processes(job, "algo-3")
+                   if torchrun_runner.LAUNCHER in cmd]:
+            assert time.monotonic() < deadline, host_processes(job, "algo-3")
+            time.sleep(0.05)
+        job.wait(timeout=240)
+        assert job.codes() == {"algo-1": 0, "algo-2": 0, "algo-3": 0}, errors(job)
+        assert status_of(job, "algo-3")["spare"]["state"] == "ended"
+        assert [r["attempt"] for r in attempts_of(job, "algo-1")] == [0]
+        assert standby_processes() == []
+        assert job.job_processes() == []
+        assert not job.exists("algo-3", "toolkit", "standby", "go")  # its gate removed
+
+
 # The last rank crashes on the first attempt: a restart that every host survives.
 CRASHES_FIRST = """
 import os, sys, time
