@@ -1,8 +1,9 @@
 """The pre-flight's pure parts (resilience/preflight.py) and its
 authenticated hello between two listeners on loopback (cluster/preflight.py):
 settings, thresholds, who dials whom, the parallel run within a deadline,
-the verdict's lines. The jobs are in test_preflight.py."""
+the verdict's lines, the kernel log's Xid reports. The jobs are in test_preflight.py."""
 import collections
+import os
 import time
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from training_toolkit.cluster import preflight as job_preflight
 from training_toolkit.cluster.wire import valid
 from training_toolkit.errors import ConfigError
-from training_toolkit.resilience import preflight
+from training_toolkit.resilience import preflight, probes
 from training_toolkit.resilience.preflight import Check
 
 
@@ -256,3 +257,54 @@ def test_the_bandwidth_probe_counts_what_the_peer_took(listener):
     c = job_preflight.send_bandwidth("127.0.0.1", port, KEY, "algo-2", 3,
                                      time.monotonic() + 20, None)
     assert c.name == "bandwidth" and c.figure > 0, c
+
+
+KERNEL_LOG = (
+    # pri,seq,microseconds since boot,flags;message (as /dev/kmsg gives them)
+    "4,100,5000000,-;NVRM: Xid (PCI:0000:10:1c): 79, pid=1896, GPU has fallen off the bus.\n"
+    "4,101,20000000,-;NVRM: Xid (PCI:0000:10:1c): 13, Graphics Exception: ESR 0x404600\n"
+    "4,102,21000000,-;NVRM: Xid (PCI:0000:10:1c): 45, pid=2001, Ch 00000010\n"
+    " SUBSYSTEM=pci\n"
+    "6,103,22000000,-;br0: port 2(v2) entered disabled state\n"
+    "4,104,23000000,-;NVRM: Xid (PCI:0000:20:1c): 48, pid=2002, DBE (double bit error)\n")
+
+
+def test_the_kernel_logs_xids_of_a_device_fault_since_the_start_count(tmp_path):
+    """The driver's Xid reports since `train` started, save those it also
+    logs of a program's own faults and killed channels (13, 31, 43, 45)."""
+    log = tmp_path / "kmsg"
+    log.write_text(KERNEL_LOG)
+    assert probes.kernel_xids(10.0, str(log)) == [
+        "NVRM: Xid (PCI:0000:20:1c): 48, pid=2002, DBE (double bit error)"]
+    assert probes.kernel_xids(0.0, str(log))[0].startswith("NVRM: Xid (PCI:0000:10:1c): 79")
+    assert probes.kernel_xids(30.0, str(log)) == []
+    assert probes.kernel_xids(0.0, str(tmp_path / "none")) is None  # not readable
+
+
+def test_the_gpu_checks_fail_hard_on_an_xid_and_warn_where_the_log_is_unreadable(
+        tmp_path, monkeypatch):
+    """On a host with nvidia-smi (a stand-in here: no GPU on this machine),
+    the GPU checks include the kernel log's Xid reports since `train`
+    started: one of a device fault fails them hard."""
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\necho 'GPU 0: stand-in'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (smi.parent, os.environ["PATH"]))
+    log = tmp_path / "kmsg"
+    log.write_text(KERNEL_LOG)
+    monkeypatch.setattr(probes, "KMSG", str(log))
+    monkeypatch.setattr(probes, "_started_s", lambda: 10.0)
+    xid, = [c for c in probes.gpus("/nonexistent/python", time.monotonic() + 10)
+            if c.name == "xid"]
+    assert xid.failed_hard and xid.figure == 1, xid
+    assert "1 Xid report of a device fault, the first: NVRM: Xid (PCI:0000:20:1c): 48" \
+        in xid.message
+    monkeypatch.setattr(probes, "_started_s", lambda: 30.0)
+    xid, = [c for c in probes.gpus("/nonexistent/python", time.monotonic() + 10)
+            if c.name == "xid"]
+    assert xid.ok and "no Xid of a device fault since train started" in xid.message
+    monkeypatch.setattr(probes, "KMSG", str(tmp_path / "none"))
+    xid, = [c for c in probes.gpus("/nonexistent/python", time.monotonic() + 10)
+            if c.name == "xid"]
+    assert xid.ok and xid.severity == preflight.WARN and "not readable" in xid.message

@@ -192,8 +192,8 @@ TABLE = (
     (_T + "MAX_NO_PROGRESS_RESTARTS", "int", 3, (1, None), EVERY_HOST, "restarts",
      "attempts in a row with no progress before the job ends with 93", _R),
     (_T + "WARM_RESTARTS", "bool", None, (0, 1), EVERY_HOST, "restarts",
-     "1: under torchrun the next attempt's launch waits warm (default: where `train` "
-     "holds CAP_SYS_NICE)", _R),
+     "1: under torchrun the next attempt's launch waits warm, and a spare host's "
+     "(default: where `train` holds CAP_SYS_NICE)", _R),
     (_T + "WARM_RESTART_AFTER_S", "float", 10.0, (0, None), EVERY_HOST, "restarts",
      "how long into an attempt its warm standby starts", _R),
     (_T + "SPARE_HOSTS", "int", 0, (0, None), EVERY_HOST, "restarts",

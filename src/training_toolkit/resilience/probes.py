@@ -1,7 +1,8 @@
 """The pre-flight's probes of this host (preflight.py judges their figures):
 free space and a write, fsync, read of each dir the job writes, the
 locked-memory limit, DNS for every host, a put/get/delete at the checkpoint
-URI, the GPUs, and one host's part of the gloo all-reduce. Each returns a
+URI, the GPUs (and the driver's Xid reports in the kernel log), and one
+host's part of the gloo all-reduce. Each returns a
 list of preflight.Check; each is bounded by the monotonic deadline it is
 given (the caller also stops waiting for it then)."""
 import os
@@ -212,7 +213,73 @@ def gpus(job_python, deadline):
         code, out = _run(["dcgmi", "diag", "-r", "1"], deadline)
         checks.append(Check("dcgmi", code == 0, "dcgmi diag -r 1: %s" % (
             "passed" if code == 0 else "exit %s: %s" % (code, _last_line(out)))))
+    xids = kernel_xids(_started_s())
+    if xids is None:
+        checks.append(Check("xid", True, "the kernel log (%s) is not readable here: the "
+                            "driver's Xid reports are not checked" % KMSG, WARN))
+    else:
+        checks.append(Check("xid", not xids, "the kernel log: %s since train started" % (
+            "no Xid of a device fault" if not xids else "%d Xid report%s of a device fault, "
+            "the first: %s" % (len(xids), "s" if len(xids) > 1 else "", xids[0])), HARD,
+            len(xids)))
     return checks
+
+
+# -- the driver's Xid reports --------------------------------------------------
+
+KMSG = "/dev/kmsg"
+# The driver's report: "NVRM: Xid (PCI:0000:10:1c): 79, pid=..., GPU has fallen off the bus."
+XID = r"NVRM: Xid \([^)]*\): (\d+)"
+# Xids the driver also logs of a program's own faults (13: graphics engine
+# exception, 31: memory page fault, 43: a channel stopped) and of channels
+# torn down when a program's processes are killed (45), as a restart does:
+# not a device's fault. Every other one is.
+PROGRAM_XIDS = frozenset((13, 31, 43, 45))
+
+
+def kernel_xids(since_s, path=None):
+    """The lines of the driver's Xid reports of a device fault in the
+    kernel log (`path`, else KMSG: records "PRIORITY,SEQ,MICROSECONDS,...;
+    MESSAGE", stamped since boot) from `since_s` seconds after boot on;
+    None where the log cannot be read (no privilege, as in most containers)."""
+    import errno
+    import re
+
+    try:
+        fd = os.open(path or KMSG, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    found = []
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 16)  # /dev/kmsg: one record a read
+            except BlockingIOError:
+                break  # the end of the log
+            except OSError as e:
+                if e.errno == errno.EPIPE:
+                    continue  # records overwritten while read: on from the next
+                break
+            if not chunk:
+                break
+            for record in chunk.decode("utf-8", "replace").splitlines():
+                header, semicolon, message = record.partition(";")
+                fields = header.split(",")
+                if not semicolon or len(fields) < 3 or not fields[2].isdigit() or \
+                        int(fields[2]) < since_s * 1e6:
+                    continue  # a continuation line, or from before
+                xid = re.search(XID, message)
+                if xid and int(xid.group(1)) not in PROGRAM_XIDS:
+                    found.append(message.strip()[:300])
+    finally:
+        os.close(fd)
+    return found
+
+
+def _started_s():
+    """When this process started, in seconds since boot (the kernel log's clock)."""
+    with open("/proc/self/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
 
 
 # -- the gloo all-reduce -----------------------------------------------------
