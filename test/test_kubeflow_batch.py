@@ -237,3 +237,47 @@ def test_sigusr1_reaches_every_rank_once_and_the_job_goes_on(tmp_path):
         assert job.codes() == {h: 0 for h in job.hosts}, explain(job)
     assert {r: info["signals"] for r, info in ranks_seen(job).items()} == {
         r: ["USR1"] for r in range(4)}
+
+
+def test_pytorchjob_spare_takes_a_killed_pods_place_and_its_restarted_pod_exits_203(tmp_path):
+    """A PyTorchJob of 4 replicas with TRAINING_TOOLKIT_SPARE_HOSTS=1: 3
+    nodes run the job, the last waits. algo-2's container is killed (every
+    process in its pod SIGKILLed; the pod keeps its address, as a container
+    restart does): the restart gives its node rank to the spare. The kubelet
+    then restarts algo-2's container (`train` again, same pod): its place is
+    taken, so it exits 203 with a failure that says so, and the job ends 0
+    on the others."""
+    from test_spares import host_processes
+
+    with new_job(tmp_path, 4) as job:
+        env_of = pytorchjob_env(job.hosts)
+        settings = dict(TRAINING_TOOLKIT_SPARE_HOSTS=1, TRAINING_TOOLKIT_RESTARTS=1,
+                        TRAINING_TOOLKIT_RESTART_BACKOFF_S=0, TRAINING_TOOLKIT_SPARE_GRACE_S=1,
+                        SM_TERMINATION_GRACE_SECONDS=10)
+        start(job, env_of, mode="wait", **settings)
+        assert backoff.wait_until(lambda: len(ranks_seen(job)) == 3, 120), explain(job)
+        for pid, _ in host_processes(job, "algo-2"):
+            os.kill(pid, signal.SIGKILL)
+        job.runs["algo-2"].proc.wait(timeout=30)
+
+        def promoted():
+            if not job.exists("algo-1", "output", "data", "resilience.json"):
+                return None
+            records = json.loads(job.read("algo-1", "output", "data", "resilience.json"))
+            return (records["attempts"][1:2] or [{}])[0].get("promotions")
+        assert backoff.wait_until(promoted, 120), explain(job)
+        start(job, env_of, mode="wait", hosts=["algo-2"], **settings)  # the container restarts
+        job.wait(timeout=120, hosts=["algo-2"])
+        assert backoff.wait_until(lambda: ranks_seen(job).get(1, {}).get(
+            "SM_CURRENT_HOST") == "algo-4", 120), explain(job)
+        open(os.path.join(job.out, "go"), "w").close()
+        job.wait(timeout=120)
+        codes = job.codes()
+        failure = job.read("algo-2", "output", "failure")
+    assert codes == {"algo-1": 0, "algo-2": 203, "algo-3": 0, "algo-4": 0}, explain(job)
+    assert [(p["left"], p["spare"]) for p in promoted()] == [("algo-2", "algo-4")]
+    assert "HostReplacedError" in failure and "algo-4" in failure, failure
+    seen = ranks_seen(job)
+    assert {r: (info["SM_CURRENT_HOST"], info["SM_HOSTS"]) for r, info in seen.items()} == {
+        r: (host, '["algo-1","algo-4","algo-3"]')
+        for r, host in enumerate(("algo-1", "algo-4", "algo-3"))}

@@ -57,9 +57,16 @@ TORCH_SCRIPT, MPI_SCRIPT, PROCESS_SCRIPT = (STEPS + RUN_AS[kind]
                                             for kind in ("torchrun", "mpi", "process"))
 
 
+# SMDDP's runner (mpirun, with its backend switch; NCCL here: no libsmddp).
+SMDDP_HPS = dict(MPI_HPS, sagemaker_distributed_dataparallel_enabled=True,
+                 sagemaker_communication_backend="nccl")
+del SMDDP_HPS["sagemaker_mpi_enabled"]
+
+
 def spare_job(tmp_path, kind, n):
-    if kind == "mpi":
-        return ClusterJob(tmp_path, n, {"train.py": MPI_SCRIPT}, hyperparameters=MPI_HPS)
+    if kind in ("mpi", "smddp"):
+        return ClusterJob(tmp_path, n, {"train.py": MPI_SCRIPT},
+                          hyperparameters=MPI_HPS if kind == "mpi" else SMDDP_HPS)
     if kind == "torchrun":
         pytest.importorskip("torch")
         return ClusterJob(tmp_path, n, {"train.py": TORCH_SCRIPT},
@@ -162,7 +169,7 @@ def wait_for_spare(job, host, timeout=60):
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("kind", ["torchrun", "process", "mpi"])
+@pytest.mark.parametrize("kind", ["torchrun", "process", "mpi", "smddp"])
 def test_a_killed_host_is_replaced_by_the_spare_and_the_job_ends_0(tmp_path, kind):
     """3 hosts run the job and algo-4 waits; algo-2 dies mid-run. The
     restart waits the grace for it, then the spare takes node rank 1,
@@ -203,7 +210,7 @@ def test_a_killed_host_is_replaced_by_the_spare_and_the_job_ends_0(tmp_path, kin
         if kind == "torchrun":  # every launcher of the restart started warm
             assert [attempts_of(job, host)[-1]["warm_start"] for host in (
                 "algo-1", "algo-3", "algo-4")] == [True, True, True]
-        ranks = {"torchrun": 3, "process": 3, "mpi": 6}[kind]
+        ranks = {"torchrun": 3, "process": 3, "mpi": 6, "smddp": 6}[kind]
         per_host = ranks // 3
         hosts = ["algo-1", "algo-4", "algo-3"]
         for rank in range(ranks):
