@@ -40,8 +40,10 @@ keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "SM_HOSTS", "SM_CURRE
 def record(event=None):
     info = {k: os.environ.get(k) for k in keys}
     info.update(signals=seen + ([event] if event else []), cwd=os.getcwd())
-    with open(os.path.join(out, "%s.json" % os.environ.get("RANK", "0")), "w") as f:
+    path = os.path.join(out, "%s.json" % os.environ.get("RANK", "0"))
+    with open(path + ".tmp", "w") as f:
         json.dump(info, f)
+    os.replace(path + ".tmp", path)  # the test reads it while ranks run: never half-written
 mode = sys.argv[2] if len(sys.argv) > 2 else "reduce"
 if mode == "reduce":
     import torch, torch.distributed as dist

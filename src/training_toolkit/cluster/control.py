@@ -192,14 +192,19 @@ class MasterControl(Ledger, ControlServer):
             self.worker_lost(conn.link)
 
     def _register(self, stream, hello, peer):
+        # A host whose place a spare took (its `train` still alive, or started
+        # again: a restarted pod's roster join, under a name or, where the
+        # roster knows nodes by address, from its address) hears so.
+        gone = next((name for name in (hello["host"], peer.rpartition(":")[0])
+                     if name in self.replaced), None)
+        if gone is not None:
+            stream.peer_nonce = hello["nonce"].encode()
+            stream.send({"type": "replaced", "by": self.replaced[gone]})
+            stream.close()
+            return
         if "node_rank" in hello:  # a roster join (roster.py) come late: the roster is out
             self.drops.note(peer, "a roster join from %r after the roster was handed out"
                             % hello["host"][:80])
-            stream.close()
-            return
-        if hello["host"] in self.replaced:
-            stream.peer_nonce = hello["nonce"].encode()
-            stream.send({"type": "replaced", "by": self.replaced[hello["host"]]})
             stream.close()
             return
         host = self._known(hello["host"])
