@@ -297,3 +297,27 @@ def test_tar_gz_source_dir_is_extracted_in_the_code_channel(tmp_path):
     codes, err = cluster.run()
     assert codes == {"algo-1": 0}, err
     assert read_json(cluster, "algo-1", "model", "report-algo-1.json")["argv"] == SCRIPT_ARGV
+
+
+def test_custom_driver_with_a_spare_host_sees_the_world_without_it(tmp_path):
+    """Three hosts of the SDK v3 tree SageMaker writes, the last a spare
+    (TRAINING_TOOLKIT_SPARE_HOSTS=1): the driver on each of the other two
+    sees a world of two (its host count, its rank); the spare runs no
+    driver, and ends 0 with the job."""
+    require_cluster()
+    job = ClusterJob(tmp_path, 3, {}, write_tree=lambda host, base, hosts: write_v3_tree(
+        "custom_driver", base, hosts, host, "real"))
+    with job:
+        job.start(TRAINING_JOB_NAME=JOB_NAME, TRAINING_TOOLKIT_RESTARTS=1,
+                  TRAINING_TOOLKIT_SPARE_HOSTS=1)
+        job.wait(timeout=240)
+    err = "\n".join("--- %s\n%s" % (h, r.err.decode("utf-8", "replace")[-2500:])
+                    for h, r in job.runs.items())
+    assert job.codes() == {"algo-1": 0, "algo-2": 0, "algo-3": 0}, err
+    for rank, host in enumerate(("algo-1", "algo-2")):
+        with open(job.path(host, "model", "driver-%s.json" % host)) as f:
+            seen = json.load(f)
+        assert (seen["SM_HOST_COUNT"], seen["SM_CURRENT_HOST_RANK"]) == ("2", str(rank)), seen
+    assert not os.path.exists(job.path("algo-3", "model", "driver-algo-3.json"))
+    with open(job.path("algo-3", "output", "status.json")) as f:
+        assert json.load(f)["role"] == "spare"
