@@ -238,8 +238,10 @@ if fifo is not None:
     open(os.path.join(marks, "parked"), "w").close()
     if os.read(gate, 1) != standby.GO:
         sys.exit(0)  # the gate closed without a go: discarded
-    with open(os.path.join(os.path.dirname(fifo), standby.COMMAND_FILE)) as f:
+    path = os.path.join(os.path.dirname(fifo), standby.COMMAND_FILE)
+    with open(path) as f:
         command = json.load(f)
+    os.unlink(path)
     os.environ.clear()
     os.environ.update(command["env"])
     os.chdir(command["cwd"])
@@ -310,6 +312,27 @@ def test_a_standby_is_adopted_only_for_a_command_it_can_stand_in_for(tmp_path, c
             assert parked.returncode is not None  # the standby was killed and reaped
     finally:
         keeper.discard()
+
+
+def test_the_command_a_standby_takes_is_this_users_alone_and_goes_with_the_gate(tmp_path):
+    """Its environment may hold secrets: the command file beside the FIFO
+    is 0600 in a 0700 dir, and closing the gate removes it if no launcher
+    took it."""
+    import stat
+
+    from training_toolkit.supervise.standby import COMMAND_FILE, Gate
+
+    directory = str(tmp_path / "standby")
+    gate = Gate(directory)
+    gate.go(["python3", "launcher.py", "--x"], {"AWS_SECRET_ACCESS_KEY": "s3cr3t"}, "/")
+    path = os.path.join(directory, COMMAND_FILE)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+    with open(path) as f:
+        assert json.load(f) == {"argv": ["--x"], "env": {"AWS_SECRET_ACCESS_KEY": "s3cr3t"},
+                                "cwd": "/"}
+    gate.close()
+    assert os.listdir(directory) == []
 
 
 WARM_AFTER = ("from training_toolkit.resilience.restarts import settings_of; "

@@ -162,8 +162,10 @@ def await_go(fd, fifo, parked):
             pass
     import json
 
-    with open(os.path.join(os.path.dirname(fifo), COMMAND_FILE)) as f:
+    path = os.path.join(os.path.dirname(fifo), COMMAND_FILE)
+    with open(path) as f:
         command = json.load(f)
+    os.unlink(path)  # its environment may hold secrets
     os.environ.clear()
     os.environ.update(command["env"])
     if command["cwd"]:

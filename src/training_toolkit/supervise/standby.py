@@ -11,9 +11,10 @@ saved 0.8 s of a 7.8 s restart at 8 hosts; docs/benchmarks.md.)
 * A Gate is a FIFO in the host's standby dir (job/paths.py), which `train`
   holds open for reading and writing from the first standby to the job's
   end: the parked launcher opens it without blocking and reads one byte.
-  `go()` first writes the command to run (COMMAND_FILE, beside the FIFO),
-  then the byte, even before the launcher opened the FIFO. Closing it
-  without a go ends the launcher.
+  `go()` first writes the command to run (COMMAND_FILE, beside the FIFO:
+  its environment may hold secrets, so only this user may read it, and the
+  launcher removes it once read), then the byte, even before the launcher
+  opened the FIFO. Closing it without a go ends the launcher.
 * A Standby is a parked launcher that `train` started itself, with its
   output pipes. It stands in for any command of the same interpreter and
   script, with the same output streams, whose environment differs from the
@@ -76,7 +77,7 @@ class Gate:
     def __init__(self, directory):
         self.directory = directory
         self.fifo = os.path.join(directory, FIFO_NAME)
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
         for name in os.listdir(directory):  # an earlier train's
             os.unlink(os.path.join(directory, name))
         os.mkfifo(self.fifo, 0o600)
@@ -88,7 +89,8 @@ class Gate:
         """Release the parked launcher into `argv` (its options, after the
         interpreter and the script), `env` and `cwd`."""
         path = os.path.join(self.directory, COMMAND_FILE)
-        with open(path + ".new", "w") as f:
+        fd = os.open(path + ".new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with open(fd, "w") as f:
             json.dump({"argv": list(argv[2:]), "env": dict(env), "cwd": cwd}, f)
         os.replace(path + ".new", path)  # whole before the go
         os.write(self._fd, GO)
@@ -97,10 +99,11 @@ class Gate:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        try:
-            os.unlink(self.fifo)
-        except FileNotFoundError:
-            pass
+        for name in (FIFO_NAME, COMMAND_FILE):  # a command a launcher died before reading
+            try:
+                os.unlink(os.path.join(self.directory, name))
+            except FileNotFoundError:
+                pass
 
 
 class Standby:
