@@ -176,6 +176,8 @@ def test_a_restart_adopts_the_standby_launch_and_leaves_none_behind(tmp_path, ki
                 if kind == "torchrun":
                     assert seen(job, host, 1, rank)["torchelastic"] == "1"
             assert not job.exists(host, "toolkit", "standby", "go")
+            # the command a launcher took (its environment: secrets, maybe) is gone
+            assert not job.exists(host, "toolkit", "standby", "command.json")
         assert standby_processes() == []
         assert job.job_processes() == []
 
