@@ -124,8 +124,8 @@ class Standby:
         if self.proc.poll() is not None or list(argv[:2]) != self.argv[:2] or \
                 tuple(sorted(streams)) != self.streams:
             return False
-        return all(name.startswith(MAY_DIFFER) for name in set(env) ^ set(self.env)) and all(
-            name.startswith(MAY_DIFFER) for name in env if env[name] != self.env.get(name))
+        return all(name.startswith(MAY_DIFFER) for name in set(env) | set(self.env)
+                   if env.get(name) != self.env.get(name))
 
     def go(self, argv, env, cwd):
         """Hand the process over to run the command: (its Process, {stream:
