@@ -281,6 +281,13 @@ def test_the_kernel_logs_xids_of_a_device_fault_since_the_start_count(tmp_path):
     assert probes.kernel_xids(0.0, str(tmp_path / "none")) is None  # not readable
 
 
+def xid_check():
+    """The GPU checks' Xid check (a stand-in nvidia-smi on PATH)."""
+    xid, = [c for c in probes.gpus("/nonexistent/python", time.monotonic() + 10)
+            if c.name == "xid"]
+    return xid
+
+
 def test_the_gpu_checks_fail_hard_on_an_xid_and_warn_where_the_log_is_unreadable(
         tmp_path, monkeypatch):
     """On a host with nvidia-smi (a stand-in here: no GPU on this machine),
@@ -295,16 +302,13 @@ def test_the_gpu_checks_fail_hard_on_an_xid_and_warn_where_the_log_is_unreadable
     log.write_text(KERNEL_LOG)
     monkeypatch.setattr(probes, "KMSG", str(log))
     monkeypatch.setattr(probes, "_started_s", lambda: 10.0)
-    xid, = [c for c in probes.gpus("/nonexistent/python", time.monotonic() + 10)
-            if c.name == "xid"]
+    xid = xid_check()
     assert xid.failed_hard and xid.figure == 1, xid
     assert "1 Xid report of a device fault, the first: NVRM: Xid (PCI:0000:20:1c): 48" \
         in xid.message
     monkeypatch.setattr(probes, "_started_s", lambda: 30.0)
-    xid, = [c for c in probes.gpus("/nonexistent/python", time.monotonic() + 10)
-            if c.name == "xid"]
+    xid = xid_check()
     assert xid.ok and "no Xid of a device fault since train started" in xid.message
     monkeypatch.setattr(probes, "KMSG", str(tmp_path / "none"))
-    xid, = [c for c in probes.gpus("/nonexistent/python", time.monotonic() + 10)
-            if c.name == "xid"]
+    xid = xid_check()
     assert xid.ok and xid.severity == preflight.WARN and "not readable" in xid.message
