@@ -8,7 +8,8 @@ control port, its key, the wire, its hang watchdog and its restart loop. What is
 the other N-1 hosts, with 8 ranks each (host algo-(i+1) runs ranks 8i .. 8i+7). Swarm
 processes hold them, a thread per host, each speaking the real protocol with the project's
 own worker-side code: control.WorkerLink, authenticated with the job's key derived from the
-same config, and for a restart rejoin.rejoin, as a worker's `train` calls it. A host
+same config, and for a restart rejoin.rejoin_worker over the host's link, as a worker's
+`train` rejoins over the link it kept. A host
 connects (retrying while the master starts), says hello, reports its 8 ranks' starts over
 its link, and follows the master as JobWorker does: its ranks' stacks on a `dump`, then the
 abort, then the verdict. A `recorded` acknowledgement of a rank's exit on the link is taken
@@ -35,13 +36,13 @@ each host retries as WorkerLink does: with full jitter, capped at control.connec
              names the only rank reported hung).
   restart    the master runs with TRAINING_TOOLKIT_RESTARTS=1 and a backoff of
              RESTART_BACKOFF_S; the fail-fast's failure. After the verdict every host
-             waits out the backoff the verdict carries and rejoins the master as a
-             worker's `train` does (rejoin.rejoin). Measured: the failure's report ->
-             every simulated host has the verdict, and -> every simulated host has its
-             `go` ("restart go", the backoff included). Then the second attempt runs to
-             its end: every host connects again, reports its ranks' starts and their
-             exits (0); the master's rank exits 0. Checked: the master and every host's
-             verdict say 0.
+             waits out the backoff the verdict carries and rejoins the master over its
+             link as a worker's `train` does (rejoin.rejoin_worker). Measured: the
+             failure's report -> every simulated host has the verdict, and -> every
+             simulated host has its `go` ("restart go", the backoff included). Then the
+             second attempt runs to its end on the same links: every host reports its
+             ranks' starts and their exits (0); the master's rank exits 0. Checked: the
+             master and every host's verdict say 0.
 
 Per run also: the master's peak RSS (VmHWM), its threads at the end of the start, its CPU
 seconds (its rank's included), the swarm's CPU seconds (the swarm shares the machine's CPUs
@@ -94,10 +95,10 @@ does and they inherit):
     with a backlog of 65535, which the kernel cuts to somaxconn; a SYN dropped from a full
     queue is retried 1 s later, then 3 s;
   * ephemeral ports: net.ipv4.ip_local_port_range wider than N plus the connections in
-    TIME_WAIT from the run before (restart opens three per host: the attempt, the rejoin,
-    the next attempt; net.ipv4.tcp_tw_reuse=2, the default, reuses them on loopback);
-  * threads: the master holds a thread per connection (two while it authenticates) and the
-    swarm a thread per host, so kernel.pid_max and kernel.threads-max over 3N (pid_max is
+    TIME_WAIT from the run before (a host's link lasts the whole run, the restart
+    included; net.ipv4.tcp_tw_reuse=2, the default, reuses them on loopback);
+  * threads: the master holds a few (one loop serves every connection) and the swarm a
+    thread per host, so kernel.pid_max and kernel.threads-max over N (pid_max is
     32768 on many machines: 16,384 hosts need it raised), and memory for them (the swarm's
     threads have 512 KiB stacks). At large N the swarm uses more processes: at most
     THREADS_PER_SWARM_PROCESS hosts each.
@@ -258,7 +259,9 @@ class SimulatedHost:
         verdict = self.follow(link, "first")
         next_attempt = (verdict or {}).get("next") or {}
         if self.plan.scenario == "restart" and next_attempt.get("restart"):
-            self.restart(next_attempt)
+            self.restart(next_attempt, link)
+        else:
+            link.close()
 
     def join(self, stage):
         """Connect, and report this host's ranks' starts; the link, or None."""
@@ -314,46 +317,52 @@ class SimulatedHost:
 
     def follow(self, link, attempt):
         """Follow the master until its verdict (returned), as JobWorker does; None if the
-        link closed first. Recorded: `<attempt>_abort` (the first abort or verdict),
-        `<attempt>_verdict_at` and the verdict's exit code, rank and host."""
-        try:
-            while True:
-                message = link.receive()
-                if message is None:
-                    self.errors["closed"] += 1
-                    return None
-                kind = message.get("type")
-                if kind == "recorded":
-                    self.record.setdefault("recorded", time.time())
-                elif kind == "dump" and not message.get("on_demand"):
-                    link.send(self.stacks())
-                elif kind in ("abort", "verdict"):
-                    self.record.setdefault(attempt + "_abort", time.time())
-                    if kind == "verdict":
-                        self.record[attempt + "_verdict_at"] = time.time()
-                        self.record[attempt + "_verdict"] = {
-                            k: message.get(k) for k in ("exit_code", "rank", "host")}
-                        return message
-        finally:
-            link.close()
+        link closed first (the link stays open: a restart goes on over it). Recorded:
+        `<attempt>_abort` (the first abort or verdict), `<attempt>_verdict_at` and the
+        verdict's exit code, rank and host."""
+        while True:
+            message = link.receive()
+            if message is None:
+                self.errors["closed"] += 1
+                return None
+            kind = message.get("type")
+            if kind == "recorded":
+                self.record.setdefault("recorded", time.time())
+            elif kind == "dump" and not message.get("on_demand"):
+                link.send(self.stacks())
+            elif kind in ("abort", "verdict"):
+                self.record.setdefault(attempt + "_abort", time.time())
+                if kind == "verdict":
+                    self.record[attempt + "_verdict_at"] = time.time()
+                    self.record[attempt + "_verdict"] = {
+                        k: message.get(k) for k in ("exit_code", "rank", "host")}
+                    return message
 
-    def restart(self, decision):
-        """As a worker's `train` after a failed attempt: the backoff, the rejoin, then
-        the next attempt, whose ranks all end with 0."""
+    def restart(self, decision, link):
+        """As a worker's `train` after a failed attempt: the backoff, the rejoin over the
+        attempt's link (rejoin.rejoin_worker, as rejoin.rejoin does with the link a
+        worker's `train` kept), then the next attempt on the link the go came on, whose
+        ranks all end with 0."""
         time.sleep(decision["backoff_s"])
         try:
-            rejoin.rejoin(MASTER_ADDRESS, self.plan.hosts, self.name, PORT, self.plan.key,
-                          decision["attempt"])
+            _, go_link = rejoin.rejoin_worker(
+                MASTER_ADDRESS, PORT, self.name, self.plan.key, decision["attempt"], 0,
+                time.monotonic() + rejoin.rejoin_s(len(self.plan.hosts)), len(self.plan.hosts),
+                link)
         except ClusterError as e:
             self.record["not_rejoined"] = str(e)
+            link.close()
             return
         self.record["go"] = time.time()
-        link = self.join("welcomed_again")
-        if link is None:
-            return
+        self.record["kept_link"] = go_link is link
+        link = go_link
+        for rank in self.ranks:
+            link.send({"type": "rank_start", "rank": rank, "host": self.name,
+                       "pid": os.getpid()})
         for rank in self.ranks:
             link.send({"type": "rank_exit", "rank": rank, "host": self.name, "exit_code": 0})
         self.follow(link, "second")
+        link.close()
 
 
 def swarm_process(plan, indices, out):
@@ -531,6 +540,7 @@ def _restart_figures(records, n, _):
             "restart_backoff_s": RESTART_BACKOFF_S, "restart_go_s": go_s,
             "restart_go_over_backoff_s": go_s and round(go_s - RESTART_BACKOFF_S, 3),
             "rejoined": sum("go" in r for r in records),
+            "rejoined_over_kept_link": sum(bool(r.get("kept_link")) for r in records),
             "not_rejoined": sorted({r["not_rejoined"] for r in records
                                     if "not_rejoined" in r})[:3],
             "checks": checks}

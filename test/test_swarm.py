@@ -53,3 +53,5 @@ def test_restart_in_place(tmp_path):
     result = swarm(tmp_path, "restart")
     assert result["master_exit"] == 0
     assert result["rejoined"] == HOSTS - 1 and result["not_rejoined"] == [], result
+    # Over the links of the attempt that failed: no host connected again.
+    assert result["rejoined_over_kept_link"] == HOSTS - 1, result

@@ -160,6 +160,10 @@ class AttemptLoop:
             self.launch_plan.decide_next = None
             self.supervisor.standby.expect(None)
             self.supervisor.standby.discard()
+            if self.launch_plan.role in ("master", "worker"):
+                from .cluster import between_attempts
+
+                between_attempts.close_all()  # the channel a restart would have taken on
             self.reporter.set(resilience=attempts.summary())
 
     def _attempt(self):

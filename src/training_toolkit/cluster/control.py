@@ -154,6 +154,7 @@ class MasterControl(Ledger, ControlServer):
         self._known_hosts = self.workers | self.optional
         self.links = {}          # worker host -> its Stream
         self.last_join = None    # monotonic time of the latest worker's hello
+        self.rejoins = {}        # (attempt, try) -> {worker host: its Stream}, back for it
         # Hosts whose place a spare took (job/spares.py): told so, never taken back.
         self.replaced = dict(parse_replaced(os.environ.get(params.REPLACED_HOSTS_ENV, "")))
         self.drops = DropLog()
@@ -172,6 +173,12 @@ class MasterControl(Ledger, ControlServer):
         elif message["type"] == "hello":
             # What the link is registered as (a key of `links`), None if refused.
             conn.link = self._register(stream, message, conn.peer)
+        elif message["type"] == "rejoin":
+            if conn.link in self.replaced:
+                stream.send_without_waiting({"type": "replaced", "by": self.replaced[conn.link]})
+                stream.close()
+            elif conn.link is not None:
+                self._rejoined(conn.link, stream, message)
         else:
             self._handle(message)
             if message["type"] in ACKNOWLEDGED:
@@ -218,7 +225,38 @@ class MasterControl(Ledger, ControlServer):
             self.last_join = time.monotonic()
             self._joined.notify_all()
         stream.send({"type": "welcome"})  # the first line on its socket: never waits
+        if type(hello.get("attempt")) is int and type(hello.get("try")) is int:
+            self._rejoined(host, stream, hello)  # back for a restart on a new connection
         return host
+
+    def _rejoined(self, host, stream, message):
+        with self._joined:
+            self.rejoined(message["attempt"], message["try"])[host] = stream
+            self.last_join = time.monotonic()
+            self._joined.notify_all()
+
+    def rejoined(self, attempt, try_):
+        """{host: Stream} of the workers back for `attempt`'s try `try_`."""
+        with self._joined:
+            return self.rejoins.setdefault((attempt, try_), {})
+
+    def new_attempt(self, workers, optional=()):
+        """The channel kept from the attempt before, for the next one: its
+        records emptied, its workers those of the next attempt (a spare in a
+        replaced host's place), new connections taken again (a promoted
+        spare's, a host whose link was lost)."""
+        self.new_ledger()
+        with self._joined:
+            self.workers = set(workers)
+            self.optional = set(optional) - self.workers
+            self._known_hosts = self.workers | self.optional
+            gone = [stream for host, stream in self.links.items()
+                    if host not in self._known_hosts]
+            self.links = {h: s for h, s in self.links.items() if h in self._known_hosts}
+            self.rejoins = {}
+        for stream in gone:
+            stream.close()
+        self.listen_again()
 
     def _known(self, host):
         """The worker `host` names: itself, or the one host whose name
@@ -384,10 +422,7 @@ class WorkerLink:
                     raise Refused(welcome or "connection closed")
                 if welcome.get("type") == "replaced":
                     sock.close()
-                    raise HostReplacedError(
-                        "this host (%s) left the job, and the spare host %s took its place: "
-                        "the job goes on without it (%s)" % (host, welcome.get("by"),
-                                                              params.SPARE_HOSTS_ENV))
+                    raise cls.replaced(host, welcome)
                 sock.settimeout(None)
                 return cls(stream)
             except OSError as e:
@@ -395,6 +430,14 @@ class WorkerLink:
                 if sock is not None:
                     sock.close()
         return None
+
+    @staticmethod
+    def replaced(host, message):
+        """The error of `host`, whose place the master's `replaced` message
+        says a spare took."""
+        return HostReplacedError(
+            "this host (%s) left the job, and the spare host %s took its place: the job goes "
+            "on without it (%s)" % (host, message.get("by"), params.SPARE_HOSTS_ENV))
 
     def send(self, message):
         """Whether `message` went out (False: the link is gone)."""

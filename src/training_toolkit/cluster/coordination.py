@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 
-from . import control, wing_reports, wire
+from . import between_attempts, control, wing_reports, wire
 from .rank_relay import RankRelay
 from .. import log
 from ..errors import ClusterError, some_of
@@ -93,6 +93,11 @@ class JobMaster:
         self.hang = None  # the watchdog's HangVerdict, once decided
         # Alone, take any free port: two local jobs on one machine must not clash.
         alone = not self.workers and not optional
+        self.restarts = False  # the verdict went out, and it restarts the job
+        self.control = None if alone else between_attempts.take("master", port, ("go",))
+        if self.control is not None:
+            self.control.new_attempt(self.workers, optional)
+            return
         try:
             self.control = control.MasterControl(alone_port if alone else port, self.workers,
                                                  key, optional)
@@ -224,8 +229,7 @@ class JobMaster:
         elif local.exit_code != 0:
             message["stderr_tail"] = local.stderr_tail.decode("utf-8", "replace")
         self._decide_next(message)
-        self.control.decided = True
-        self.control.broadcast(message)
+        self._conclude(message)
         self.learned_at = self.learned_at or learned_verdict(self.reporter, "verdict")
         if not failure:
             local.next = message.get("next")
@@ -253,9 +257,13 @@ class JobMaster:
         message = {"type": "verdict", "exit_code": self.hang.exit_code, "rank": hang.rank,
                    "host": hang.host, "stderr_tail": tail or "", "hang": self.hang.to_message()}
         self._decide_next(message)
-        self.control.decided = True
-        self.control.broadcast(message)
+        self._conclude(message)
         return outcome_from(message, local.terminated_by_us)
+
+    def _conclude(self, message):
+        self.control.decided = True
+        self.restarts = bool((message.get("next") or {}).get("restart"))
+        self.control.broadcast(message)
 
     def close(self):
         # The ranks' exits the master received, late ones too (for `timeline`).
@@ -264,7 +272,13 @@ class JobMaster:
                                        "at": wall + e.at} for e in self.control.exits])
         if self.control.rule_events:  # HyperPod's log rules: SLOW, HANGING, FAULTED, recovered
             self.reporter.set(log_rule_events=self.control.rule_events[-1000:])
-        self.control.close()
+        if self.restarts and self.workers:  # the workers' links carry the restart
+            self.control.new_ledger()
+            self.control.decided = True  # a link lost now is the rejoin's to name
+            self.control.stop_listening()  # the port is the restore's until the rejoin
+            between_attempts.keep("master", "verdict", self.control.port, self.control)
+        else:
+            self.control.close()
 
 
 class JobWorker:
@@ -293,8 +307,10 @@ class JobWorker:
         if rank_env is not None:
             self.relay = RankRelay(key, control.EXIT_REPORT_DEADLINE_S)
             rank_env(self.relay.address)
+        self.peer = (master, port)
         try:
-            self.link = self._join(master, port, host, key, deadline, hosts)
+            self.link = between_attempts.take("worker", self.peer, ("go",)) or \
+                self._join(master, port, host, key, deadline, hosts)
         except BaseException:
             if self.relay is not None:
                 self.relay.end()
@@ -374,7 +390,10 @@ class JobWorker:
     def outcome(self, terminated):
         """Wait for the verdict; raises ClusterError if the master was lost."""
         self._done.wait()
-        self.link.close()
+        if not self.lost and (self.verdict.get("next") or {}).get("restart"):
+            between_attempts.keep("worker", "verdict", self.peer, self.link)  # the rejoin's
+        else:
+            self.link.close()
         if self.lost:
             raise ClusterError("lost the master host %s: its train ended without a verdict "
                                "(the host died or was stopped)" % self.master)

@@ -14,7 +14,7 @@ import time
 from .. import params
 
 from ..errors import ClusterError, PreflightError, some_of
-from . import control
+from . import between_attempts, control
 from .control import MasterControl, Refused, WorkerLink
 
 # How long the hosts wait for each other after the backoff (they end it
@@ -48,42 +48,87 @@ def rejoin(master, hosts, host, port, key, attempt, pool=None, unfit=None, try_=
     if host == master:
         return _master(hosts, master, port, key, attempt, pool, unfit, try_, started, deadline,
                        wait_s)
-    # The previous attempt's control server may still take this host's hello
-    # (the master closes it only after its verdict went out), then close:
-    # until the deadline, that is a reason to connect again, not a lost master.
+    peer = (master, port)
+    go, link = rejoin_worker(master, port, host, key, attempt, try_, deadline, len(hosts),
+                             between_attempts.take("worker", peer, ("verdict", "go")))
+    between_attempts.keep("worker", "go", peer, link)  # the next attempt's link
+    return go
+
+
+def rejoin_worker(master, port, host, key, attempt, try_, deadline, hosts, link=None):
+    """A worker's side of `rejoin`: back over `link` (the attempt before's;
+    None, or gone: a new connection), until `deadline`. Returns the `go` and
+    the link it came on; raises as `rejoin` does."""
+    wait_s = rejoin_s(hosts)
+    back = {"attempt": attempt, "try": try_}
+    if link is not None and not link.send(dict(back, type="rejoin", host=host)):
+        link.close()
+        link = None
+    # A master that lost this host's link, or a control server of the attempt
+    # before that takes this host's hello and then closes (as a master of an
+    # earlier toolkit did): until the deadline, a reason to connect again.
     while True:
-        try:
-            link = WorkerLink.connect(master, port, host, key, deadline, hosts=len(hosts))
-        except Refused as e:
-            link, WorkerLink.last_error = None, e
+        if link is None:
+            try:
+                link = WorkerLink.connect(master, port, host, key, deadline, hello=back,
+                                          hosts=hosts)
+            except Refused as e:
+                link, WorkerLink.last_error = None, e
         if link is None:
             raise ClusterError("lost the master host %s between attempts: it did not take "
                                "this host back for restart %d within %.0f s (%s)"
                                % (master, attempt, wait_s, WorkerLink.last_error))
-        try:
-            message = link.receive()
-        finally:
-            link.close()
-        if message and message.get("attempt") == attempt and message.get("try", 0) == try_:
-            if message.get("type") == "go":
-                return message
-            if message.get("type") == "abandon":
-                error = PreflightError if message.get("exit_code") == PreflightError.exit_code \
-                    else ClusterError
-                raise error("the master %s ended the job before restart %d: %s" % (
-                    master, attempt, message.get("reason") or "it lost " + ", ".join(
-                        map(str, message["missing"]))))
+        message = _next_word(link, host, attempt, try_, deadline)
+        if message is not None and message.get("type") == "go":
+            return message, link
+        link.close()
+        if message is not None:  # abandon
+            error = PreflightError if message.get("exit_code") == PreflightError.exit_code \
+                else ClusterError
+            raise error("the master %s ended the job before restart %d: %s" % (
+                master, attempt, message.get("reason") or "it lost " + ", ".join(
+                    map(str, message["missing"]))))
+        link = None
         if time.monotonic() >= deadline:
             raise ClusterError("lost the master host %s between attempts: it ended the job "
                                "before restart %d" % (master, attempt))
         time.sleep(0.05)
 
 
+def _next_word(link, host, attempt, try_, deadline):
+    """The master's `go` or `abandon` for `attempt`'s try `try_` on `link`
+    (what came before it, of the attempt before, passed over); None when
+    the link ends or the deadline passes. Raises HostReplacedError where
+    the master says a spare took this host's place."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        link.stream.sock.settimeout(left)
+        message = link.receive()
+        if message is None:
+            return None
+        if message.get("type") == "replaced":
+            link.close()
+            raise WorkerLink.replaced(host, message)
+        if message.get("attempt") == attempt and message.get("try", 0) == try_ and \
+                message.get("type") in ("go", "abandon"):
+            link.stream.sock.settimeout(None)
+            return message
+
+
 def _master(hosts, master, port, key, attempt, pool, unfit, try_, started, deadline, wait_s):
     from .spares import grace_s, promote
 
     workers = [h for h in hosts if h != master and h not in unfit]
-    control = MasterControl(port, workers, key)
+    control = between_attempts.take("master", port, ("verdict", "go"))
+    if control is None:
+        control = MasterControl(port, workers, key)
+    else:  # the links of the attempt before: a host whose link is lost connects again
+        control.workers = set(workers)
+        control.listen_again()
+    back = control.rejoined(attempt, try_)
+    kept = False
     try:
         promotions = []
         if pool is not None and pool.ready():
@@ -91,8 +136,8 @@ def _master(hosts, master, port, key, attempt, pool, unfit, try_, started, deadl
             # first: none loses its place to a spare before the grace.
             promotions = promote(pool, unfit, hosts, attempt)
             control.replaced.update((p.left, p.spare) for p in promotions)
-            missing = control.wait_for_workers(
-                min(deadline, started + grace_s(os.environ, len(hosts))))
+            missing = control.wait_for_every_worker(
+                back, min(deadline, started + grace_s(os.environ, len(hosts))))
             late = promote(pool, {h: "did not rejoin within the grace" for h in missing},
                            hosts, attempt)
             control.replaced.update((p.left, p.spare) for p in late)
@@ -109,7 +154,7 @@ def _master(hosts, master, port, key, attempt, pool, unfit, try_, started, deadl
                                "exit_code": PreflightError.exit_code})
             raise PreflightError("%s before restart %d: %s" % (
                 reason, attempt, "; ".join(unfit[h] for h in sorted(unfit))), hosts=sorted(unfit))
-        missing = control.wait_for_workers(deadline)
+        missing = control.wait_for_every_worker(back, deadline)
         if missing:
             control.broadcast({"type": "abandon", "attempt": attempt, "try": try_,
                                "missing": missing})
@@ -120,17 +165,21 @@ def _master(hosts, master, port, key, attempt, pool, unfit, try_, started, deadl
                                    ", and no spare host was left to take %s place" % (
                                        "their" if len(missing) > 1 else "its")
                                    if pool is not None else ""))
-        # Closed first: a worker's next connection is to the attempt's own channel.
+        # The port is the restore's until the attempt takes the channel on.
         control.stop_listening()
         go = {"type": "go", "attempt": attempt, "try": try_,
               "promotions": [p.to_message() for p in promotions],
               "replaced": os.environ.get(params.REPLACED_HOSTS_ENV, ""),
               # how long the hosts that came back took: what the grace must cover
-              "rejoin_s": round(control.last_join - started, 3) if control.last_join else 0.0}
-        control.broadcast(go)
+              "rejoin_s": round(max(control.last_join - started, 0.0), 3)
+              if control.last_join else 0.0}
+        control.broadcast(go, only=back)
+        between_attempts.keep("master", "go", port, control)
+        kept = True
         return go
     finally:
-        control.close()
+        if not kept:
+            control.close()
 
 
 def rejoin_for_attempt(env, launch_plan, attempt, pool=None, unfit=None, try_=0):

@@ -93,10 +93,10 @@ class ControlServer:
     def __init__(self, address, port, key, name, expected=0):
         allow_descriptors(expected)
         self.key = key
-        self._server = socket.create_server((address, port), reuse_port=False,
-                                            backlog=LISTEN_BACKLOG)
+        self._address = address
+        self._server = self._listener(port)
         self.port = self._server.getsockname()[1]
-        self._server.setblocking(False)
+        self._relisten = None  # a listener for the loop to take (listen_again)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._server, selectors.EVENT_READ, None)
         self._wake_r, self._wake_w = socket.socketpair()
@@ -145,13 +145,31 @@ class ControlServer:
         if not self._listening:
             return
         self._listening = False
-        try:
-            self._server.shutdown(socket.SHUT_RDWR)  # refuses new connections at once
-        except OSError:
-            pass
+        for server in (self._server, self._relisten):
+            try:
+                server.shutdown(socket.SHUT_RDWR)  # refuses new connections at once
+            except (OSError, AttributeError):  # closed, or none
+                pass
         self._wake()
         if threading.current_thread() is not self._thread:
             self._stopped_listening.wait(2.0)
+
+    def listen_again(self):
+        """Take new connections again on the same port, after
+        stop_listening() (a link kept from one attempt to the next, whose
+        port the phases in between used). Raises OSError where the port is taken."""
+        if self._listening or self._closed:
+            return
+        self._relisten = self._listener(self.port)
+        self._stopped_listening.clear()
+        self._listening = True
+        self._wake()
+
+    def _listener(self, port):
+        server = socket.create_server((self._address, port), reuse_port=False,
+                                      backlog=LISTEN_BACKLOG)
+        server.setblocking(False)
+        return server
 
     def close_server(self):
         """Stop the loop, closing every connection."""
@@ -196,11 +214,17 @@ class ControlServer:
                 pass
         except OSError:
             pass
-        if not self._listening and self._server is not None:
-            self._selector.unregister(self._server)
-            self._server.close()
-            self._server = None
+        if not self._listening and (self._server or self._relisten) is not None:
+            if self._server is not None:
+                self._selector.unregister(self._server)
+                self._server.close()
+            if self._relisten is not None:
+                self._relisten.close()
+            self._server = self._relisten = None
             self._stopped_listening.set()
+        if self._listening and self._relisten is not None and self._server is None:
+            self._server, self._relisten = self._relisten, None
+            self._selector.register(self._server, selectors.EVENT_READ, None)
         while self._writes:
             self._flush(self._writes.popleft())
 
@@ -340,9 +364,10 @@ class ControlServer:
             if isinstance(key.data, Connection):
                 key.data.closed = True
                 key.data.stream.release()
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        for server in (self._server, self._relisten):
+            if server is not None:
+                server.close()
+        self._server = self._relisten = None
         self._stopped_listening.set()
         self._selector.close()
         self._wake_r.close()

@@ -38,6 +38,12 @@ class Ledger:
     set: the fail-fast hook."""
 
     def __init__(self):
+        self._cond = threading.Condition()
+        self.new_ledger()
+
+    def new_ledger(self):
+        """Empty records, for an attempt (the control channel outlives it:
+        cluster/between_attempts.py)."""
         self.rank_hosts = {}     # rank -> host
         self.exits = []          # RankExit, as reported
         self.tails = {}          # rank -> end of its stderr, as reported
@@ -50,7 +56,6 @@ class Ledger:
         self.rule_events = []    # the log rules' transitions on every rank, as reported
         self.decided = False     # the verdict went out; later losses are goodbyes
         self._failed = False
-        self._cond = threading.Condition()
 
     def rank_started(self, rank, host):
         with self._cond:

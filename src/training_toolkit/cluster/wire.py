@@ -54,6 +54,8 @@ _FIELDS = {
     "rank_start": {"rank": int, "host": str, "pid": int},
     "rank_exit": {"rank": int, "host": str, "exit_code": int},
     "host_failed": {"host": str, "exit_code": int},
+    # A worker back for a restart over the link of the attempt before (cluster/rejoin.py).
+    "rejoin": {"host": str, "attempt": int, "try": int},
     # The hang watchdog: a rank wrapper's verdict on its rank, a host's stacks.
     "hang": {"rank": int, "host": str, "silent_s": (int, float), "reason": str},
     "stacks": {"host": str, "ranks": dict},
