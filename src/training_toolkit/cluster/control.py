@@ -240,6 +240,23 @@ class MasterControl(Ledger, ControlServer):
         with self._joined:
             return self.rejoins.setdefault((attempt, try_), {})
 
+    def tell_replaced(self):
+        """Tell each linked host whose place a spare took so (it may have
+        come back over its link before the promotion), and close its link."""
+        with self._joined:
+            gone = [(host, stream) for host, stream in self.links.items()
+                    if host in self.replaced]
+            for host, _ in gone:
+                del self.links[host]
+                for back in self.rejoins.values():
+                    back.pop(host, None)
+        for host, stream in gone:
+            try:
+                stream.send_without_waiting({"type": "replaced", "by": self.replaced[host]})
+            except OSError:
+                pass
+            stream.close()
+
     def new_attempt(self, workers, optional=()):
         """The channel kept from the attempt before, for the next one: its
         records emptied, its workers those of the next attempt (a spare in a

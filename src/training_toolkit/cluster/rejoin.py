@@ -136,11 +136,13 @@ def _master(hosts, master, port, key, attempt, pool, unfit, try_, started, deadl
             # first: none loses its place to a spare before the grace.
             promotions = promote(pool, unfit, hosts, attempt)
             control.replaced.update((p.left, p.spare) for p in promotions)
+            control.tell_replaced()
             missing = control.wait_for_every_worker(
                 back, min(deadline, started + grace_s(os.environ, len(hosts))))
             late = promote(pool, {h: "did not rejoin within the grace" for h in missing},
                            hosts, attempt)
             control.replaced.update((p.left, p.spare) for p in late)
+            control.tell_replaced()
             promotions += late
             taken = {p.left for p in promotions}
             unfit = {h: why for h, why in unfit.items() if h not in taken}
