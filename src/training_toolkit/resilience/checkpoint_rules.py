@@ -80,6 +80,9 @@ class CheckpointRules(EveryFile):
         return self.committer is None or self.own_name(rel) or \
             self.committer.may_delete(unit_of(rel))
 
+    def deletes_may_follow(self):
+        return self.committer is not None and self.committer.busy()
+
     def gone(self, root, rel):
         unit = unit_of(rel)
         for known in [k for k in self._objects.get(unit, ()) if k == rel or

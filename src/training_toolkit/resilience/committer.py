@@ -258,6 +258,11 @@ class Committer:
             states[self.host] = "durable" if unit in self._mine else "writing"
         return sorted(h for h, s in states.items() if s != "durable")
 
+    def busy(self):
+        """Whether a unit waits for its commit, or a deleted one to be retired."""
+        with self._cond:
+            return self._busy()
+
     def _busy(self):
         return bool(self._pending or self._watched() or any(
             s != "done" for s in self._gone.values()))

@@ -53,5 +53,10 @@ class EveryFile:
         now; a delete that may not waits until `may_delete` says so."""
         return True
 
+    def deletes_may_follow(self):
+        """Whether a delete that may_delete holds back may still be let go
+        (a commit on its way): the drain waits for it, up to its deadline."""
+        return False
+
     def gone(self, root, rel):
         """`rel` (a file or a directory) was deleted here or moved away."""

@@ -256,7 +256,10 @@ class Sync:
             with self._lock:
                 stop, deadline = self._stop, self._deadline
             if draining:
-                if now >= deadline or self._uploads.settled():
+                # A delete held back for a commit still on its way (the
+                # checkpoint it retires) is part of the drain.
+                if now >= deadline or self._uploads.settled() and not (
+                        self._uploads.holds_deletes() and self.rules.deletes_may_follow()):
                     return
             elif stop:
                 return

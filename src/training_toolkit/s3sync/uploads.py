@@ -172,6 +172,10 @@ class Uploads:
         """Nothing in flight, no retry waiting."""
         return not self._busy and not self._retry
 
+    def holds_deletes(self):
+        """Whether a delete waits for the rules' leave."""
+        return bool(self._deferred)
+
     def idle(self):
         return self.settled() and not self._waiting and not self._held
 
