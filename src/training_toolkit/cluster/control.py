@@ -50,7 +50,8 @@ from ..job.spares import parse_replaced
 from . import rank_relay, wing_reports
 from .server import ControlServer, _keepalive
 from .verdict import Ledger
-from .wire import TO_MASTER, TO_WORKER, Rejected, Stream, authenticate, nonce, parse, valid
+from .wire import (TO_MASTER, TO_WORKER, Rejected, Stream, authenticate, body_of, nonce, parse,
+                   valid)
 # `control.X` still names the wire's parts that peers are made of (the tests
 # play peers with them).
 from .wire import GREETING as GREETING, JOB_SECRET_ENV as JOB_SECRET_ENV
@@ -348,9 +349,10 @@ class MasterControl(Ledger, ControlServer):
             links = [(host, stream) for host, stream in self.links.items()
                      if only is None or host in only]
         waiting = selectors.DefaultSelector()  # epoll: any number of sockets
+        body = body_of(message)
         for host, stream in links:
             try:
-                if not stream.send_without_waiting(message):
+                if not stream.send_without_waiting(body):
                     waiting.register(stream.sock, selectors.EVENT_WRITE, (host, stream))
             except (OSError, ValueError, KeyError):  # closed meanwhile
                 pass

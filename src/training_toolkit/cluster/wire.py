@@ -138,13 +138,19 @@ def _mac(key, direction, nonce, seq, body):
 
 
 def seal(key, direction, nonce, seq, message):
-    """The line carrying `message`, the `seq`-th one sent on a connection
-    towards the side whose nonce is `nonce`."""
+    """The line carrying `message` (a dict, or its body_of), the `seq`-th
+    one sent on a connection towards the side whose nonce is `nonce`."""
+    body = message if isinstance(message, bytes) else body_of(message)
+    return _mac(key, direction, nonce, seq, body) + b" " + body + b"\n"
+
+
+def body_of(message):
+    """What a line carries of `message`: encoded once for a broadcast to
+    thousands of hosts, whose lines differ only in their MACs."""
     if isinstance(message.get("stderr_tail"), str):
         message = dict(message, stderr_tail=message["stderr_tail"][-TAIL_CHARS:])
-    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode(
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode(
         "utf-8", "replace")
-    return _mac(key, direction, nonce, seq, body) + b" " + body + b"\n"
 
 
 def authenticate(key, direction, nonce, seq, line):
@@ -201,8 +207,8 @@ class Stream:
         self._put(message, self.peer_nonce, wait=True)
 
     def send_without_waiting(self, message):
-        """Queue `message` and send what the socket takes now; whether all
-        of it went (else `flush` sends the rest, in order)."""
+        """Queue `message` (or its body_of) and send what the socket takes
+        now; whether all of it went (else `flush` sends the rest, in order)."""
         return self._put(message, self.peer_nonce, wait=False)
 
     def acknowledge(self, message):
