@@ -285,7 +285,7 @@ class SimulatedHost:
                 break
             try:
                 link = self.link_class.connect(MASTER_ADDRESS, PORT, self.name, self.plan.key,
-                                               time.monotonic())
+                                               time.monotonic(), hosts=len(self.plan.hosts))
             except control.Refused:
                 self.errors["closed"] += 1
                 continue

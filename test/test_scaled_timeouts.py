@@ -7,7 +7,8 @@ import types
 import pytest
 
 from training_toolkit import backoff
-from training_toolkit.cluster.control import connect_cap_s
+from training_toolkit.cluster.control import connect_cap_s, handshake_s
+from training_toolkit.cluster.server import auth_timeout_s
 from training_toolkit.cluster.coordination import stacks_margin_s
 from training_toolkit.cluster.rejoin import rejoin_s
 from training_toolkit.resilience.hang import settings_of
@@ -41,6 +42,16 @@ def test_attempts_with_jitter_never_sleep_past_the_cap(monkeypatch):
 @pytest.mark.parametrize("hosts, cap", [(1, 0.1), (16, 0.1), (1024, 0.1024), (16384, 1.6384)])
 def test_the_connect_cap_is_a_tenth_of_a_second_until_a_thousand_hosts(hosts, cap):
     assert connect_cap_s(hosts) == pytest.approx(cap)
+
+
+@pytest.mark.parametrize("hosts, handshake, auth", [(1, 5.0, 10.0), (16, 5.0, 10.0),
+                                                   (1024, 5.0, 10.0), (16384, 16.384, 32.768)])
+def test_a_worker_waits_for_its_welcome_within_the_masters_auth_deadline(hosts, handshake,
+                                                                          auth):
+    """The master answers a hello it took: a worker that gave up on it
+    before then would count as a lost host."""
+    assert handshake_s(hosts) == pytest.approx(handshake)
+    assert auth_timeout_s(hosts) == pytest.approx(auth) and auth > handshake
 
 
 @pytest.mark.parametrize("hosts, wait_s", [(2, 30.0), (16, 30.0), (1024, 30.0),

@@ -401,6 +401,21 @@ def connect_cap_s(hosts):
     return max(0.1, hosts / CONNECT_RATE)
 
 
+# A worker's connect, the master's greeting, its hello and the welcome, on
+# one try: within this long, or the worker tries again; plus what each host
+# adds, whose connect and hello wait behind the others' in a burst.
+HANDSHAKE_S = 5.0
+HANDSHAKE_PER_HOST_S = 0.001
+
+
+def handshake_s(hosts):
+    """How long one try of a worker of a job of `hosts` waits for the
+    master's welcome: HANDSHAKE_S, or HANDSHAKE_PER_HOST_S a host where that
+    is longer (16 s at 16,384 hosts; within the master's own
+    server.auth_timeout_s, so that a hello it takes is answered)."""
+    return max(HANDSHAKE_S, hosts * HANDSHAKE_PER_HOST_S)
+
+
 def connect_attempts(deadline, hosts):
     """A worker's tries to connect to the master, in a job of `hosts`: from
     50 ms, doubling up to connect_cap_s, each wait drawn at random below it."""
@@ -426,7 +441,7 @@ class WorkerLink:
         for _ in connect_attempts(deadline, hosts):
             sock = None
             try:
-                sock = socket.create_connection((master, port), timeout=5)
+                sock = socket.create_connection((master, port), timeout=handshake_s(hosts))
                 _keepalive(sock)
                 stream = Stream(sock, key, TO_MASTER, TO_WORKER, nonce())
                 stream.read_greeting()

@@ -15,7 +15,7 @@ Its bounds, each against a peer that does not hold the job's key:
 * Those connections hold at most UNAUTHENTICATED_BYTES of unread lines
   together (each line is bounded by the wire's MAX_LINE); the connection
   that would pass it is closed.
-* Each must send its first authentic line within AUTH_TIMEOUT_S of its start.
+* Each must send its first authentic line within auth_timeout_s of its start.
 
 Closing a link from another thread (a broadcast dropping a worker that does
 not read, the roster refusing a second claim) shuts its socket down: the
@@ -31,6 +31,18 @@ import time
 from .wire import MAX_AUTHENTIC_LINE, MAX_LINE, TO_MASTER, TO_WORKER, Rejected, Stream, nonce
 
 AUTH_TIMEOUT_S = 10.0
+# ... and what each host of the job adds: in a burst of thousands of
+# connects, a worker's hello waits behind the others' (16,384 hosts took
+# 5 s and more to admit on 2 vCPUs, docs/benchmarks.md); a real worker cut
+# off here retries, and one cut off after its hello counts as a lost host.
+AUTH_PER_HOST_S = 0.002
+
+
+def auth_timeout_s(hosts):
+    """How long a connection to a master of `hosts` workers may take to
+    authenticate: AUTH_TIMEOUT_S, or AUTH_PER_HOST_S a host where that is
+    longer (from 5,000 hosts; 33 s at 16,384)."""
+    return max(AUTH_TIMEOUT_S, hosts * AUTH_PER_HOST_S)
 # Workers connect in a burst at start: every one of 16,384 hosts waits to
 # authenticate at once in the worst case, and a connection costs the loop
 # one descriptor and the bytes it sent.
@@ -93,6 +105,7 @@ class ControlServer:
     def __init__(self, address, port, key, name, expected=0):
         allow_descriptors(expected)
         self.key = key
+        self._auth_timeout_s = auth_timeout_s(expected)
         self._address = address
         self._server = self._listener(port)
         self.port = self._server.getsockname()[1]
@@ -244,7 +257,7 @@ class ControlServer:
                 continue
             self._forget_stale(sock.fileno())
             conn = Connection(Stream(sock, self.key, TO_WORKER, TO_MASTER, nonce(), framed=False),
-                              peer, time.monotonic() + AUTH_TIMEOUT_S)
+                              peer, time.monotonic() + self._auth_timeout_s)
             try:
                 _keepalive(sock)
                 conn.stream.greet()  # a few bytes into an empty buffer: never waits
@@ -329,7 +342,8 @@ class ControlServer:
                                  or self._waiting[0].deadline <= now):
             conn = self._waiting.popleft()
             if conn.deadline is not None and not conn.closed:
-                self._dropped(conn.peer, "no authentic line within %g s" % AUTH_TIMEOUT_S)
+                self._dropped(conn.peer, "no authentic line within %g s"
+                              % self._auth_timeout_s)
                 self._end(conn)
 
     def _flush(self, conn):
