@@ -4,6 +4,8 @@ settings, thresholds, who dials whom, the parallel run within a deadline,
 the verdict's lines, the kernel log's Xid reports. The jobs are in test_preflight.py."""
 import collections
 import os
+import socket
+import threading
 import time
 
 import pytest
@@ -233,7 +235,7 @@ def listener():
     try:
         yield server, server.port
     finally:
-        server.stop_listening()
+        server.close_server()
 
 
 def test_a_peer_with_the_key_is_answered_with_its_rtt_and_clock(listener):
@@ -250,6 +252,25 @@ def test_a_peer_without_the_key_or_of_another_round_gets_no_answer(listener, key
     reach, = job_preflight.reach("127.0.0.1", port, key, "algo-2", round_,
                                  time.monotonic() + 1, is_master=False)
     assert not reach.ok and "cannot reach" in reach.message, reach
+
+
+def test_a_burst_of_dials_costs_the_listener_no_thread_and_hellos_are_answered(listener):
+    """The master's listener hears from every host at once: one loop serves
+    them (a thread per dial was thousands of threads at thousands of hosts)."""
+    _, port = listener
+    before = threading.active_count()
+    waiting = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(300)]
+    try:
+        for sock in waiting:  # each greeted by the loop: it took every one
+            sock.settimeout(5)
+            assert sock.recv(64)
+        assert threading.active_count() <= before
+        reach, _ = job_preflight.reach("127.0.0.1", port, KEY, "algo-2", 3,
+                                       time.monotonic() + 5, is_master=True)
+        assert reach.ok, reach
+    finally:
+        for sock in waiting:
+            sock.close()
 
 
 def test_the_bandwidth_probe_counts_what_the_peer_took(listener):

@@ -44,7 +44,7 @@ from ..resilience import preflight, probes
 from ..resilience.preflight import Check, HostRecord, settings_of as settings_of
 from .control import Refused, WorkerLink, control_port, job_key_for
 from .exchange import RoundReports
-from .server import LISTEN_BACKLOG
+from .server import ControlServer
 from .wire import JOB_SECRET_ENV, TO_MASTER, TO_WORKER, Rejected, Stream, nonce, valid
 
 # The pre-flight's ports, from the control port: peers' probes, the all-reduce's store.
@@ -122,7 +122,7 @@ def run_for_job(settings, env, environ, reporter, attempt=0, alone=False):
         if server is not None:
             server.close()
         if listener is not None:
-            listener.stop_listening()
+            listener.close_server()
     record.job_failures = failures
     record.write(results)
     reporter.set(preflight_checks=record.summary(time.monotonic() - started))
@@ -159,63 +159,47 @@ def _tasks(settings, level, env, environ, key, peer_port, round_, deadline, host
 
 # -- peers --------------------------------------------------------------------
 
-class Listener:
-    """This host's side of its peers' probes, on `port` until stop_listening():
+class Listener(ControlServer):
+    """This host's side of its peers' probes, on `port` until close_server():
     answers each authentic hello of this round with this host's time, and
-    takes a bandwidth stream where the hello announces one. A thread per
-    peer: each host hears from a ring's few peers (the master from every
-    host, once, for the round trip)."""
+    takes a bandwidth stream where the hello announces one. One loop serves
+    every hello (the master hears from every host once, for the round trip:
+    thousands), with the control server's bounds on connections that have
+    not authenticated; a bandwidth stream, from a ring's one or two peers,
+    gets a thread of its own."""
 
     def __init__(self, port, key, host, round_, deadline):
-        self.key, self.host, self.round = key, host, round_
+        self.host, self.round = host, round_
         self.deadline = deadline
-        self._server = socket.create_server(("", port), reuse_port=False,
-                                            backlog=LISTEN_BACKLOG)
-        self.port = self._server.getsockname()[1]
-        self._closed = False
-        threading.Thread(target=self._accept, name="preflight-listen", daemon=True).start()
+        ControlServer.__init__(self, "", port, key, "preflight-listen")
 
-    def _accept(self):
-        while not self._closed:
-            try:
-                conn, _ = self._server.accept()
-            except OSError:
-                if self._closed:
-                    return
-                time.sleep(0.05)  # e.g. out of file descriptors: the real peers retry
-                continue
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+    def _message(self, conn, hello):
+        stream = conn.stream
+        if stream.peer_nonce is not None or not valid(hello) or \
+                hello["type"] != "preflight_hello" or hello["round"] != self.round:
+            stream.close()  # one hello a connection, of this round
+            return
+        stream.peer_nonce = hello["nonce"].encode()
+        ack = {"type": "preflight_ack", "host": self.host, "time": time.time()}
+        if hello["bytes"] <= 0:
+            self.reply(conn, ack)
+            return
+        threading.Thread(target=self._take_stream, args=(self.detach(conn), hello["bytes"], ack),
+                         name="preflight-bandwidth", daemon=True).start()
 
-    def stop_listening(self):
-        """Refuse new connections from now on and free the port: shutdown()
-        wakes the accept() that close() alone would leave listening."""
-        self._closed = True
-        for end in (lambda: self._server.shutdown(socket.SHUT_RDWR), self._server.close):
-            try:
-                end()
-            except OSError:
-                pass
-
-    def _serve(self, conn):
-        stream = Stream(conn, self.key, TO_WORKER, TO_MASTER, nonce())
+    @staticmethod
+    def _take_stream(stream, wanted, ack):
         try:
-            conn.settimeout(PEER_IDLE_S)
-            stream.greet()
-            hello = stream.receive()
-            if hello is None or not valid(hello) or hello["type"] != "preflight_hello" \
-                    or hello["round"] != self.round:
-                return
-            stream.peer_nonce = hello["nonce"].encode()
-            stream.send({"type": "preflight_ack", "host": self.host, "time": time.time()})
-            if hello["bytes"] > 0:
-                # The dialer streams only after the ack: nothing of it is
-                # in the stream's line buffer, so the socket is read directly.
-                got = _drain(conn, hello["bytes"])
-                stream.send({"type": "preflight_received", "bytes": got})
-        except (OSError, Rejected):
+            stream.sock.settimeout(PEER_IDLE_S)
+            stream.send(ack)
+            # The dialer streams only after the ack: nothing of it was read
+            # with the hello, so the socket is read directly.
+            got = _drain(stream.sock, wanted)
+            stream.send({"type": "preflight_received", "bytes": got})
+        except OSError:
             pass
         finally:
-            stream.close()
+            stream.release()
 
 
 def _drain(conn, wanted):

@@ -152,6 +152,13 @@ class ControlServer:
             self._writes.append(conn)
             self._wake()
 
+    def detach(self, conn):
+        """Take `conn` out of the loop, from `_message` (in the loop): its
+        socket is the caller's from now on (a byte stream follows its line)."""
+        conn.closed = True
+        self._selector.unregister(conn.stream.sock)
+        return conn.stream
+
     def stop_listening(self):
         """Refuse new connections from now on and free the port (the loop
         closes it; this waits for that, briefly)."""
