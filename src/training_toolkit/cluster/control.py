@@ -61,6 +61,8 @@ CONTROL_PORT_ENV = params.CONTROL_PORT_ENV
 # A worker whose socket does not take a broadcast (an abort, the verdict)
 # within this long is dropped: the others never wait on it.
 SEND_DEADLINE_S = 5.0
+# How often a broadcast that waits on slow workers looks for links closed meanwhile.
+CLOSED_LOOK_S = 0.1
 DROP_LOG_INTERVAL_S = 5.0
 # A rank's exit report waits for the master's acknowledgement this long at
 # most, connecting included. A master that is gone ends the wait at once
@@ -308,7 +310,7 @@ class MasterControl(Ledger, ControlServer):
         elif kind == "rule_events":
             self.rule_events.extend(e for e in message["events"][:100] if isinstance(e, dict))
         elif kind == "stacks":
-            self.stacks_of(message["host"], message["ranks"])
+            self.stacks_of(message["host"], message["ranks"], message.get("signatures"))
         else:
             listener = wing_reports.JOB.listener(kind)
             if listener is not None:
@@ -362,13 +364,18 @@ class MasterControl(Ledger, ControlServer):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                for key, _ in waiting.select(left):
+                # A link closed meanwhile by another thread (another
+                # broadcast dropped it) may never be ready: looked at apart.
+                ready = waiting.select(min(left, CLOSED_LOOK_S))
+                ready += [(key, None) for key in list(waiting.get_map().values())
+                          if key.data[1].closed]
+                for key, _ in ready:
                     host, stream = key.data
                     try:
-                        done = stream.flush()
+                        done = stream.closed or stream.flush()
                     except OSError:
                         done = True  # gone: its link's own thread says so
-                    if done:
+                    if done and key.fd in waiting.get_map():
                         waiting.unregister(key.fileobj)
             for key in list(waiting.get_map().values()):
                 host, stream = key.data

@@ -202,6 +202,7 @@ class Stream:
         self._reader = sock.makefile("rb") if framed else None
         self._lock = threading.Lock()
         self._unsent = b""  # the end of a line a broadcast could not send at once
+        self.closed = False  # closed (by any thread): nothing more goes out
 
     def send(self, message):
         self._put(message, self.peer_nonce, wait=True)
@@ -279,6 +280,7 @@ class Stream:
         self.peer_nonce = words[1]
 
     def close(self):
+        self.closed = True
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -288,6 +290,7 @@ class Stream:
 
     def release(self):
         """Free the socket (its owner's call, once it is done with it)."""
+        self.closed = True
         try:
             self.sock.close()
         except OSError:
