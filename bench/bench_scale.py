@@ -26,8 +26,8 @@ each host retries as WorkerLink does: with full jitter, capped at control.connec
              rank of the last host goes silent: T s later its host sends the `hang` report
              its rank wrapper's watchdog would send; the master broadcasts `dump`, every
              host answers with its 8 ranks' stack summaries (resilience/stacks.py's
-             format, 150 frames each, bounded by `fit` as JobWorker bounds them), and the
-             master decides and broadcasts the abort. Measured: the silence's start ->
+             format, 150 frames each, as JobWorker sends them: coordination.stacks_reply),
+             and the master decides and broadcasts the abort. Measured: the silence's start ->
              every simulated worker has the abort ("hang verdict"), and that minus T.
              Checked: the master exits with the hang exit code; its verdict names the
              silent rank. The silent rank waits in its data loader, its peers in
@@ -134,11 +134,10 @@ import time
 import common
 
 from training_toolkit import params
-from training_toolkit.cluster import control, rejoin, wire
+from training_toolkit.cluster import control, coordination, rejoin, wire
 from training_toolkit.errors import ClusterError
 from training_toolkit.job.paths import JobPaths
 from training_toolkit.rehearsal.jobtree import write_job_tree
-from training_toolkit.resilience.stacks import fit
 
 MASTER_ADDRESS = "127.0.0.1"
 PORT = 7791
@@ -303,8 +302,9 @@ class SimulatedHost:
                    "detected_at": time.time(), "timeout_s": self.plan.hang_timeout_s})
 
     def stacks(self):
-        """The answer to a `dump`, as JobWorker._dump sends it: each rank's summary (as
-        hang.dump makes it), fitted within the line an authentic peer may send."""
+        """The answer to a `dump`, as JobWorker._dump sends it (coordination.stacks_reply):
+        each rank's summary (as hang.dump makes it), fitted within the line an authentic
+        peer may send, each distinct signature once."""
         silent = self.ranks[-1] if self.faulty else None
         summaries = {str(rank): {
             "top": "train.py:%d in train_step" % (131 if rank == silent else 212),
@@ -312,8 +312,7 @@ class SimulatedHost:
             "answered": True, "host": self.name,
             "path": "/opt/ml/output/data/hang/%s/rank-%d.txt" % (self.name, rank)}
             for rank in self.ranks}
-        return {"type": "stacks", "host": self.name,
-                "ranks": fit(summaries, wire.MAX_AUTHENTIC_LINE - 4096)}
+        return coordination.stacks_reply(self.name, summaries)
 
     def follow(self, link, attempt):
         """Follow the master until its verdict (returned), as JobWorker does; None if the

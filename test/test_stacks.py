@@ -370,3 +370,32 @@ def test_the_master_keeps_one_copy_of_the_frames_its_hosts_share():
     two, three = (ledger.stacks[h]["8"]["signature"] for h in ("algo-2", "algo-3"))
     assert two == three == frames
     assert all(a is b for a, b in zip(two, three))
+
+
+def test_a_hosts_reply_carries_each_distinct_stack_once():
+    """A host's ranks mostly wait in the same place: its reply to a dump
+    names each distinct signature once, and the master gets every rank's
+    frames back, the ranks that share one sharing its list."""
+    import json
+
+    from training_toolkit.cluster.coordination import stacks_reply
+    from training_toolkit.cluster.verdict import Ledger
+
+    waiting = ["all_reduce (torch/distributed.py:%d)" % i for i in range(150)]
+    loading = ["next (torch/utils/data/dataloader.py:%d)" % i for i in range(150)]
+    ranks = {r: {"top": "train.py:212 in train_step", "answered": True, "path": "/p/%d" % r,
+                 "signature": loading if r == 7 else waiting} for r in range(8)}
+    reply = stacks_reply("algo-2", ranks)
+    assert len(reply["signatures"]) == 2
+    unshared = {"type": "stacks", "host": "algo-2", "ranks": {str(r): s for r, s in ranks.items()}}
+    assert len(json.dumps(reply)) * 3 < len(json.dumps(unshared))
+    ledger = Ledger()
+    got = json.loads(json.dumps(reply))  # as the master parses the line
+    ledger.stacks_of("algo-2", got["ranks"], got["signatures"])
+    back = ledger.stacks["algo-2"]
+    assert back["7"]["signature"] == loading and back["0"]["signature"] == waiting
+    assert back["0"]["signature"] is back["6"]["signature"]
+    # An index that names no signature (a peer of another build) gives none.
+    ledger.stacks_of("algo-3", {"0": {"signature": 5}, "1": {"signature": "x"}}, [waiting])
+    assert ledger.stacks["algo-3"]["0"]["signature"] == []
+    assert ledger.stacks["algo-3"]["1"]["signature"] == []

@@ -73,6 +73,17 @@ def outcome_from(message, terminated):
     return outcome
 
 
+def stacks_reply(host, ranks):
+    """A worker's answer to a `dump`: its ranks' stack summaries ({rank:
+    summary}), within the line an authentic peer may send (the envelope
+    aside), each distinct signature once."""
+    from ..resilience.stacks import fit, shared_signatures
+
+    ranks, signatures = shared_signatures(
+        fit({str(r): s for r, s in ranks.items()}, wire.MAX_AUTHENTIC_LINE - 4096))
+    return {"type": "stacks", "host": host, "ranks": ranks, "signatures": signatures}
+
+
 class JobMaster:
     """The master host's side."""
 
@@ -377,11 +388,7 @@ class JobWorker:
     def _dump(self, on_demand):
         ranks = self.dump_here(on_demand)
         if not on_demand:
-            from ..resilience.stacks import fit
-
-            # Within the line an authentic peer may send, the envelope aside.
-            ranks = fit({str(r): s for r, s in ranks.items()}, wire.MAX_AUTHENTIC_LINE - 4096)
-            self.link.send({"type": "stacks", "host": self.host, "ranks": ranks})
+            self.link.send(stacks_reply(self.host, ranks))
 
     def report_failure(self, host, exit_code):
         """This host's launcher failed (ranks may not have said why)."""

@@ -8,7 +8,6 @@ them when it decides the verdict. Every record is a named tuple: RankExit,
 LostWorker (a failure of no rank) and Failure (what ended the job).
 """
 import collections
-import sys
 import threading
 import time
 
@@ -77,15 +76,22 @@ class Ledger:
             return self._cond.wait_for(lambda: any(h.rank == rank for h in self.hangs),
                                        max(deadline - time.monotonic(), 0))
 
-    def stacks_of(self, host, ranks):
-        """A host's {rank: stack summary}. Its frames are interned: the
-        ranks of a job wait in the same few places, so thousands of hosts'
-        summaries share their strings (16,384 hosts' took 1.8 GB apart)."""
-        for summary in ranks.values():
-            frames = summary.get("signature") if isinstance(summary, dict) else None
-            if isinstance(frames, list):
-                summary["signature"] = [sys.intern(f) if isinstance(f, str) else f
-                                        for f in frames]
+    def stacks_of(self, host, ranks, signatures=None):
+        """A host's {rank: stack summary}, each signature named in
+        `signatures` (stacks.shared_signatures) or, without them, given in
+        full. Its frames are interned: the ranks of a job wait in the same
+        few places, so thousands of hosts' summaries share their strings
+        (16,384 hosts' took 1.8 GB apart)."""
+        from ..resilience.stacks import with_signatures
+
+        if not isinstance(signatures, list):  # each summary with its own frames
+            signatures = []
+            for summary in ranks.values():
+                frames = summary.get("signature") if isinstance(summary, dict) else None
+                if isinstance(frames, list):
+                    summary["signature"] = len(signatures)
+                    signatures.append(frames)
+        ranks = with_signatures(ranks, signatures)
         with self._cond:
             self.stacks[host] = ranks
             self._cond.notify_all()

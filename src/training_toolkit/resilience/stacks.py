@@ -13,6 +13,7 @@ import dataclasses
 import os
 import re
 import stat
+import sys
 import threading
 import time
 
@@ -116,6 +117,37 @@ def summary(stacks):
     """What a worker host sends the master: JSON-able, by rank."""
     return {s.rank: {"top": s.top_frame, "signature": list(s.signature),
                      "answered": s.answered, "path": s.path} for s in stacks}
+
+
+def shared_signatures(summaries):
+    """`summaries` ({rank: summary}) with each signature given as its index
+    in the list of the distinct ones, and that list: a host's ranks mostly
+    wait in the same place, so its reply to a dump carries each stack once
+    (the master reads thousands of hosts' replies at once)."""
+    table, index, out = [], {}, {}
+    for rank, s in summaries.items():
+        frames = s.get("signature")
+        if isinstance(frames, list):
+            at = index.setdefault(tuple(frames), len(table))
+            if at == len(table):
+                table.append(frames)
+            s = dict(s, signature=at)
+        out[rank] = s
+    return out, table
+
+
+def with_signatures(summaries, table):
+    """shared_signatures undone, on the master: each summary's signature
+    the frames it names (one list for the ranks that share it; its strings
+    interned, so thousands of hosts' summaries share them too); an index
+    that names none gives an empty signature."""
+    table = [[sys.intern(f) for f in frames if isinstance(f, str)]
+             if isinstance(frames, list) else [] for frames in table]
+    for s in summaries.values():
+        if isinstance(s, dict) and "signature" in s:
+            at = s["signature"]
+            s["signature"] = table[at] if type(at) is int and 0 <= at < len(table) else []
+    return summaries
 
 
 def fit(summaries, limit):
