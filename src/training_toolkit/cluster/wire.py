@@ -37,6 +37,9 @@ import os
 import secrets
 import socket
 import threading
+import time
+
+from .. import log
 
 JOB_SECRET_ENV = "TRAINING_TOOLKIT_JOB_SECRET"
 MAX_LINE = 64 * 1024
@@ -183,6 +186,35 @@ def valid(message):
 
 def nonce():
     return secrets.token_hex(16).encode()
+
+
+# One log line per this interval at most for dropped messages.
+DROP_LOG_INTERVAL_S = 5.0
+
+
+class DropLog:
+    """One log line per dropped message, at most one every
+    DROP_LOG_INTERVAL_S; the drops in between are counted in the next line."""
+
+    def __init__(self, interval=DROP_LOG_INTERVAL_S):
+        self.interval = interval
+        self.count = 0
+        self._unlogged = 0
+        self._next = 0.0
+        self._lock = threading.Lock()
+
+    def note(self, peer, why):
+        with self._lock:
+            self.count += 1
+            now = time.monotonic()
+            if now < self._next:
+                self._unlogged += 1
+                return
+            self._next = now + self.interval
+            unlogged, self._unlogged = self._unlogged, 0
+        log.warning("control channel: dropped a message from %s: %s%s" % (
+            peer, why, " (and %d more dropped since the last such line)" % unlogged
+            if unlogged else ""))
 
 
 class Stream:
