@@ -571,3 +571,35 @@ def test_with_a_prefix_per_host_the_job_commits_once_and_each_host_restores_its_
     for host in ("algo-1", "algo-2"):
         assert found[host] == {"files": ["step-1/COMPLETE", "step-1/shard.bin"], "shard": host,
                                "resume": "/opt/ml/checkpoints/step-1"}, found
+
+
+# Saves one step, waits for it in S3, then deletes it: the last checkpoint
+# of the job, which no newer one may retire.
+DELETES_ITS_ONLY_STEP = """
+import os, shutil, time
+D = os.environ["TRAINING_TOOLKIT_CHECKPOINT_DIR"]
+d = os.path.join(D, "step-1")
+os.makedirs(d)
+with open(os.path.join(d, "model.bin"), "wb") as f:
+    f.write(b"m" * 1000)
+open(os.path.join(d, "COMPLETE"), "w").close()
+time.sleep(3)
+shutil.rmtree(d)
+"""
+
+
+def test_a_delete_that_no_commit_can_let_go_does_not_hold_up_the_jobs_end(tmp_path, s3_server):
+    """The drain waits for a delete held back for a commit on its way (the
+    rotation above); the job's only committed step, deleted, waits for
+    none: the job ends without waiting out its 300 s drain (its run is
+    bounded well below that), and the step stays in S3."""
+    from jobs import Job
+
+    bucket, client = fresh_bucket(s3_server, "only")
+    job = Job(tmp_path, {"train.py": DELETES_ITS_ONLY_STEP})
+    r = job.run(env=job.env(S3_ENDPOINT_URL=s3_server,
+                            TRAINING_TOOLKIT_CHECKPOINT_S3_URI="s3://%s/ckpt" % bucket,
+                            TRAINING_TOOLKIT_CHECKPOINT_COMPLETE="COMPLETE",
+                            TRAINING_TOOLKIT_CHECKPOINT_DRAIN_S="300"), timeout=120)
+    assert r.returncode == 0, r.stderr.decode()[-3000:]
+    assert whole_commits(client, bucket) == ["step-1"]

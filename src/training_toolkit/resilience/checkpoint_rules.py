@@ -81,7 +81,7 @@ class CheckpointRules(EveryFile):
             self.committer.may_delete(unit_of(rel))
 
     def deletes_may_follow(self):
-        return self.committer is not None and self.committer.busy()
+        return self.committer is not None and self.committer.releases_pending()
 
     def gone(self, root, rel):
         unit = unit_of(rel)

@@ -258,10 +258,24 @@ class Committer:
             states[self.host] = "durable" if unit in self._mine else "writing"
         return sorted(h for h, s in states.items() if s != "durable")
 
-    def busy(self):
-        """Whether a unit waits for its commit, or a deleted one to be retired."""
+    def releases_pending(self):
+        """Whether a delete that may_delete holds back may still be let go:
+        a unit of this host waits for its commit, or a unit deleted here can
+        be retired (it was never committed, or a newer one is). A committed
+        unit deleted with none newer keeps its objects: nothing is waited for."""
         with self._cond:
-            return self._busy()
+            if self._pending or self._watched():
+                return True
+            for unit, state in self._gone.items():
+                record = self.committed.get(unit)
+                if state != "done" and (record is None or self._newer(unit, record)):
+                    return True
+            return False
+
+    def _newer(self, unit, record):
+        """The committed records newer than `unit`'s `record` (under _cond)."""
+        return [r for u, r in self.committed.items() if u != unit and (
+            r.written_at, r.committed_at) > (record.written_at, record.committed_at)]
 
     def _busy(self):
         return bool(self._pending or self._watched() or any(
@@ -500,8 +514,7 @@ class Committer:
                     self.committed[unit] = record
         if record is not None:
             with self._cond:
-                newer = [r for u, r in self.committed.items() if u != unit and (
-                    r.written_at, r.committed_at) > (record.written_at, record.committed_at)]
+                newer = self._newer(unit, record)
             if not any(self._whole_in_s3(r) for r in newer):
                 return
             self.client.delete_object(Bucket=self.layout.bucket,
