@@ -154,8 +154,12 @@ class MasterControl(Ledger, ControlServer):
             # What the link is registered as (a key of `links`), None if refused.
             conn.link = self._register(stream, message, conn.peer)
         elif message["type"] == "rejoin":
-            if conn.link in self.replaced:
-                stream.send_without_waiting({"type": "replaced", "by": self.replaced[conn.link]})
+            if conn.link in self.replaced:  # told so already, or now (it may be gone)
+                try:
+                    stream.send_without_waiting({"type": "replaced",
+                                                 "by": self.replaced[conn.link]})
+                except OSError:
+                    pass
                 stream.close()
             elif conn.link is not None:
                 self._rejoined(conn.link, stream, message)
