@@ -154,13 +154,8 @@ class MasterControl(Ledger, ControlServer):
             # What the link is registered as (a key of `links`), None if refused.
             conn.link = self._register(stream, message, conn.peer)
         elif message["type"] == "rejoin":
-            if conn.link in self.replaced:  # told so already, or now (it may be gone)
-                try:
-                    stream.send_without_waiting({"type": "replaced",
-                                                 "by": self.replaced[conn.link]})
-                except OSError:
-                    pass
-                stream.close()
+            if conn.link in self.replaced:  # told so already, or now
+                self._send_away(conn.link, stream)
             elif conn.link is not None:
                 self._rejoined(conn.link, stream, message)
         else:
@@ -235,11 +230,16 @@ class MasterControl(Ledger, ControlServer):
                 for back in self.rejoins.values():
                     back.pop(host, None)
         for host, stream in gone:
-            try:
-                stream.send_without_waiting({"type": "replaced", "by": self.replaced[host]})
-            except OSError:
-                pass
-            stream.close()
+            self._send_away(host, stream)
+
+    def _send_away(self, host, stream):
+        """Tell `host`, whose place a spare took, so on its link and close
+        it; it may be gone already (never waits, never raises)."""
+        try:
+            stream.send_without_waiting({"type": "replaced", "by": self.replaced[host]})
+        except OSError:
+            pass
+        stream.close()
 
     def new_attempt(self, workers, optional=()):
         """The channel kept from the attempt before, for the next one: its

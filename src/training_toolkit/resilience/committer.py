@@ -3,7 +3,7 @@ has the records): a thread that writes this host's claims and parts, and on
 the master commits the units whose every claimant's part is durable, and
 retires a unit the job deleted once a newer one is committed and whole.
 
-One concern in about 510 lines: a unit's life on one host (claimed, its
+One concern in about 530 lines: a unit's life on one host (claimed, its
 part durable, heard from the others, committed, retired), kept in one
 state under one lock; split, each half would reach into the other's."""
 import json
