@@ -3,11 +3,13 @@ without the last attempt's stop file and resumes from the newest committed
 step (never a half-written one); SageMaker's verify is bounded by the
 drain's deadline and runs its requests side by side; a sync loop that fails
 starts again, and one that cannot is said at once and fails a strict job;
-the drain's own variable; the attempt record is never a checkpoint.
+a deleted unit's marker leaves S3 before its other files; the drain's own
+variable; the attempt record is never a checkpoint.
 
 Real: the installed `train`, its restarts, signals, inotify, TCP to S3.
 Mocked: AWS (a moto server on loopback, and the fault proxy holding
-requests). The sync loop's failure is made by a rule that raises (the
+requests); the committer, where only the order of a unit's deletes is
+tested. The sync loop's failure is made by a rule that raises (the
 seam where the sync asks what to upload), in this process."""
 import json
 import os
@@ -176,6 +178,90 @@ def test_a_sync_that_cannot_start_again_is_said_and_fails_a_strict_job(tmp_path,
     assert status["durable"] is False and status["sync_stopped"]["error"], status
     assert "the checkpoint sync stopped at" in wing.not_durable_note()
     assert wing.settings.strict  # trainer._succeed turns the note into 74
+
+
+# -- a unit's marker leaves S3 first ------------------------------------------------
+
+
+class _Committer:
+    """The committer's seam (resilience/committer.py): while `held`, a
+    unit's deletes wait, as for a newer commit; then they may all go."""
+
+    def __init__(self, held):
+        self.held = held
+
+    def claim(self, unit):
+        pass
+
+    def part_durable(self, unit, objects, written_at, root_file):
+        pass
+
+    def unit_gone(self, unit):
+        pass
+
+    def may_delete(self, unit):
+        return not self.held
+
+    def releases_pending(self):
+        return self.held
+
+
+def _until(check, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out waiting for " + what
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["at-once", "held-then-let-go"])
+def test_a_deleted_units_marker_leaves_s3_before_any_of_its_files(tmp_path, s3_server, bucket,
+                                                                  monkeypatch, held):
+    """step-1's files deleted here, the marker last, each in an inotify batch
+    of its own: the marker's object goes first, and the others only once it
+    is gone, whether the deletes go at once or wait for the committer's
+    leave (released in no particular order). A restore or a reader of S3
+    never sees a unit that looks whole without all its files."""
+    from training_toolkit.resilience.checkpoint_rules import CheckpointRules
+    from training_toolkit.s3sync.requests import Requests
+
+    requests = []
+
+    def recorded(self, rel, gen):  # Requests.delete, each request's start and end said
+        requests.append(("start", rel))
+        self.client.delete_object(Bucket=self.bucket, Key=self.prefix + rel)
+        requests.append(("end", rel))
+        self.post(("upload", rel, gen, True))
+
+    monkeypatch.setattr(Requests, "delete", recorded)
+    committer = _Committer(held)
+    sync = _sync(tmp_path, s3_server, bucket, CheckpointRules("COMPLETE", True, False, committer))
+    client = s3_client(s3_server)
+
+    def keys():
+        return sorted(o["Key"] for o in client.list_objects_v2(Bucket=bucket).get("Contents", ()))
+
+    unit = tmp_path / "tree" / "step-1"
+    sync.start()
+    try:
+        _until(lambda: sync.snapshot()["state"] == "syncing", 30, "the sync watching")
+        unit.mkdir()
+        for name in ("model.bin", "optim.bin", "COMPLETE"):
+            (unit / name).write_bytes(name.encode())
+        whole = ["p/step-1/COMPLETE", "p/step-1/model.bin", "p/step-1/optim.bin"]
+        _until(lambda: keys() == whole, 30, "step-1 in S3")
+        for name in ("model.bin", "optim.bin", "COMPLETE"):
+            (unit / name).unlink()
+            time.sleep(0.2)  # an event batch of its own
+        unit.rmdir()
+        if held:
+            time.sleep(0.3)
+            committer.held = False
+            sync.wake()
+        _until(lambda: keys() == [], 30, "step-1 gone from S3")
+    finally:
+        snap = sync.finish(time.monotonic() + 10)
+    assert snap["state"] == "complete" and snap["deletes"] == 3, snap
+    assert requests[:2] == [("start", "step-1/COMPLETE"), ("end", "step-1/COMPLETE")], requests
 
 
 # -- settings ----------------------------------------------------------------------

@@ -52,6 +52,10 @@ class CheckpointRules(EveryFile):
         unit, sep, rest = rel.partition("/")
         return unit if self.marker is not None and sep and rest == self.marker else None
 
+    def marker_of(self, rel):
+        unit, sep, _ = rel.partition("/")
+        return unit + "/" + self.marker if self.marker is not None and sep else None
+
     def seen(self, rel):
         unit, sep, _ = rel.partition("/")
         if sep and unit not in self._claimed and self.committer is not None and \

@@ -39,6 +39,11 @@ class EveryFile:
         completeness marker waits for its directory), else None."""
         return None
 
+    def marker_of(self, rel):
+        """The completeness marker of `rel`'s unit, whose object leaves S3
+        before any other of the unit's, else None."""
+        return None
+
     def seen(self, rel):
         """The file `rel` is here (it may go up once ready)."""
 

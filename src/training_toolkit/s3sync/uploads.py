@@ -27,7 +27,7 @@ import time
 from .. import backoff, s3
 from .reader import FileShrank, SizedReader
 from .requests import CHANGED, Requests
-from .rules import EveryFile
+from .rules import EveryFile, unit_of
 from .verify import MULTIPART_CHUNKSIZE, MULTIPART_THRESHOLD, signature
 
 # Concurrent S3 requests: whole small files, or parts of large ones.
@@ -47,7 +47,7 @@ class _File:
 
     __slots__ = ("gen", "busy", "dirty", "attempts", "retry_at", "submit_sig", "upload_result",
                  "hash_result", "sig", "etag", "ever_uploaded", "failed", "multipart", "candidate",
-                 "deleting")
+                 "deleting", "withdrawn")
 
     def __init__(self):
         self.gen = 0               # bumped on every submission; stale results are ignored
@@ -68,6 +68,9 @@ class _File:
         # succeeded fails with NoSuchUpload), so the retry asks S3 first.
         self.candidate = None
         self.deleting = False      # the request in flight deletes the object
+        # Deleted from S3 while still here, its unit no longer whole (a
+        # marker whose unit lost a file): it goes up again only when written.
+        self.withdrawn = False
 
 
 class Uploads:
@@ -390,14 +393,17 @@ class Uploads:
     def _submit(self, rel, f, check=False):
         path = os.path.join(self.root, rel)
         self._set_retry(rel, f, None)
+        if f.withdrawn:  # a retry of its withdrawal
+            self._submit_delete(rel, f)
+            return
         try:
             st = os.stat(path)
         except OSError:  # gone (renamed, deleted, a dangling link)
             if self.rules.mirror_deletes and f.ever_uploaded and not os.path.lexists(path):
-                if self.rules.may_delete(rel):
-                    self._submit_delete(rel, f)
-                else:
+                if not self.rules.may_delete(rel):
                     self._deferred.add(rel)
+                elif not self._after_marker(rel):
+                    self._submit_delete(rel, f)
             return
         import stat as stat_module
 
@@ -439,6 +445,20 @@ class Uploads:
         finally:
             if reader is not None:
                 reader.close()
+
+    def _after_marker(self, rel):
+        """Whether the delete of `rel` waits for its unit's marker to leave
+        S3 (that delete is started here): S3 never holds a unit that looks
+        whole without all of its files, whatever order the deletes came in."""
+        marker = self.rules.marker_of(rel)
+        m = self._files.get(marker) if marker is not None and marker != rel else None
+        if m is None or not m.ever_uploaded:
+            return False
+        if not m.busy and m.retry_at is None:
+            m.withdrawn = os.path.lexists(os.path.join(self.root, marker))
+            self._submit_delete(marker, m)
+        self._held[rel] = unit_of(rel)
+        return True
 
     def _submit_delete(self, rel, f):
         f.gen += 1
@@ -502,12 +522,14 @@ class Uploads:
     def _settle_delete(self, rel, f, result, now_sig):
         f.deleting = False
         if result is True:
+            self._status.add(deletes=1)
+            withdrawn, f.withdrawn = f.withdrawn, False
             if now_sig is not None:  # back meanwhile: it goes up again
                 f.ever_uploaded, f.sig = False, None
-                self.want(rel)
+                if not withdrawn:
+                    self.want(rel)
                 return
             del self._files[rel]
-            self._status.add(deletes=1)
             return
         f.attempts += 1
         self._status.record_error(result, "deleting %s failed (attempt %d)" % (rel, f.attempts))

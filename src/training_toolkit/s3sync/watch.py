@@ -196,12 +196,11 @@ class TreeWatcher:
                         wanted[rel] = True
                 except OSError:
                     pass
-        waits_for = self._rules.waits_for if self._rules else (lambda rel: None)
+        # A marker brings the rest of its unit first, and leaves S3 before
+        # the rest of it (Uploads.want, Uploads._after_marker).
         for rel, want in wanted.items():
             if want:
-                self._want(rel)  # a marker brings the rest of its unit first (Uploads.want)
-        # A marker deleted goes first: S3 never holds a half-deleted unit
-        # that still looks complete.
-        for rel in sorted((rel for rel, want in wanted.items() if not want),
-                          key=lambda rel: waits_for(rel) is None):
-            self._gone(rel)
+                self._want(rel)
+        for rel, want in wanted.items():
+            if not want:
+                self._gone(rel)
