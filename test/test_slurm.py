@@ -856,14 +856,21 @@ def test_scancel_signal_usr1_reaches_every_rank_once_under_a_launcher(slurm, run
 
 @pytest.mark.timeout(240)
 def test_srun_signal_usr1_before_the_time_limit_reaches_every_rank_once(slurm):
-    """`srun -t 2 --signal=USR1@110 train -- python t.py`: slurmctld sends
-    SIGUSR1 once the job is within 110 s of its 2-minute limit (at once,
-    but slurmctld looks every 30 s or so: up to about 60 s late, says
-    srun(1)); every rank gets it once, and the job ends 0 long before the
-    limit. The wait for it is bounded at 90 s."""
-    _usr1_goes_to_every_rank_once(slurm, "usr1-at", ["-N2", "--ntasks-per-node=1", "-t", "2",
+    """`srun -t 10 --signal=USR1@110 train -- python t.py`, then, once every
+    rank runs, `scontrol update TimeLimit=2`: slurmctld sends SIGUSR1 now that
+    the job is within 110 s of its limit, at its next look at time limits
+    (every 30 s); every rank gets it once, and the job ends 0 long before the
+    limit. Slurm may send the signal up to 60 s early (srun(1)): with the
+    first limit it cannot come before the ranks run (a signal to a `train`
+    whose ranks have not started yet reaches them only as the stop file).
+    The wait for it is bounded at 90 s."""
+    def shorten_the_limit(job_id):
+        update = slurm.scontrol(["update", "JobId=%s" % job_id, "TimeLimit=2"])
+        assert update.returncode == 0, update.stderr
+
+    _usr1_goes_to_every_rank_once(slurm, "usr1-at", ["-N2", "--ntasks-per-node=1", "-t", "10",
                                                      "--signal=USR1@110"], 2,
-                                  lambda job_id: None, wait_s=90)
+                                  shorten_the_limit, wait_s=90)
 
 
 # -- sbatch --requeue ---------------------------------------------------------
