@@ -393,7 +393,7 @@ for step in range(3, 5):
     print("step", step, flush=True)
     time.sleep(t / 2)
 """
-FALSE_HANG_RUNS = int(os.environ.get("TT_FALSE_HANG_RUNS", "50"))
+FALSE_HANG_RUNS = int(os.environ.get("TT_FALSE_HANG_RUNS", "20"))
 
 
 @pytest.mark.timeout(1200)

@@ -317,7 +317,7 @@ def wait_for_decision(job, host, attempt=0, timeout=120):
 def test_a_host_lost_in_the_backoff_ends_the_job_with_79_naming_it(tmp_path, kind):
     with cluster_job(tmp_path, kind) as job:
         job.start(TRAINING_TOOLKIT_RESTARTS=2, TRAINING_TOOLKIT_RESTART_BACKOFF_S=2,
-                  SM_TERMINATION_GRACE_SECONDS=10)
+                  SM_TERMINATION_GRACE_SECONDS=10, TRAINING_TOOLKIT_REJOIN_TIMEOUT_S=8)
         assert wait_for_decision(job, "algo-2")["restart"] is True
         job.signal("algo-2", signal.SIGKILL)
         job.wait(timeout=120)
@@ -330,7 +330,8 @@ def test_a_host_lost_in_the_backoff_ends_the_job_with_79_naming_it(tmp_path, kin
 
 def test_the_master_lost_in_the_backoff_ends_the_workers_with_79(tmp_path):
     with cluster_job(tmp_path, "process") as job:
-        job.start(TRAINING_TOOLKIT_RESTARTS=2, TRAINING_TOOLKIT_RESTART_BACKOFF_S=2)
+        job.start(TRAINING_TOOLKIT_RESTARTS=2, TRAINING_TOOLKIT_RESTART_BACKOFF_S=2,
+                  TRAINING_TOOLKIT_REJOIN_TIMEOUT_S=8)
         wait_for_decision(job, "algo-2")
         job.signal("algo-1", signal.SIGKILL)
         job.wait(timeout=120)

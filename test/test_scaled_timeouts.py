@@ -56,8 +56,19 @@ def test_a_worker_waits_for_its_welcome_within_the_masters_auth_deadline(hosts, 
 
 @pytest.mark.parametrize("hosts, wait_s", [(2, 30.0), (16, 30.0), (1024, 30.0),
                                            (16384, 81.92)])
-def test_the_rejoin_waits_30_s_or_5_ms_a_host(hosts, wait_s):
+def test_the_rejoin_waits_30_s_or_5_ms_a_host(hosts, wait_s, monkeypatch):
+    monkeypatch.delenv("TRAINING_TOOLKIT_REJOIN_TIMEOUT_S", raising=False)
     assert rejoin_s(hosts) == pytest.approx(wait_s)
+
+
+def test_the_rejoin_waits_what_its_variable_says_and_refuses_a_bad_one(monkeypatch):
+    from training_toolkit.errors import ConfigError
+
+    monkeypatch.setenv("TRAINING_TOOLKIT_REJOIN_TIMEOUT_S", "120")
+    assert rejoin_s(16384) == 120 and rejoin_s(2) == 120
+    monkeypatch.setenv("TRAINING_TOOLKIT_REJOIN_TIMEOUT_S", "0")
+    with pytest.raises(ConfigError, match="TRAINING_TOOLKIT_REJOIN_TIMEOUT_S"):
+        rejoin_s(2)
 
 
 @pytest.mark.parametrize("hosts, margin_s", [(1, 2.0), (16, 2.0), (1024, 2.0), (16384, 32.0)])

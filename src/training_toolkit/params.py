@@ -154,6 +154,8 @@ RESTART_WINDOW_ENV = "TRAINING_TOOLKIT_RESTART_WINDOW_S"     # the budget per wi
 NO_RESTART_EXIT_CODES_ENV = "TRAINING_TOOLKIT_NO_RESTART_EXIT_CODES"
 MAX_NO_PROGRESS_RESTARTS_ENV = "TRAINING_TOOLKIT_MAX_NO_PROGRESS_RESTARTS"
 RESTART_COUNT_ENV = "TRAINING_TOOLKIT_RESTART_COUNT"   # exported to each rank
+# How long the hosts wait for each other before a restart (cluster/rejoin.py).
+REJOIN_TIMEOUT_ENV = "TRAINING_TOOLKIT_REJOIN_TIMEOUT_S"
 # 1: while another attempt may follow, its torchrun launch waits warm
 # (supervise/standby.py), from this long after the attempt's start on.
 WARM_RESTARTS_ENV = "TRAINING_TOOLKIT_WARM_RESTARTS"
@@ -179,7 +181,7 @@ SETTINGS = {name: _table.numeric(name) for name in (
     CHECKPOINT_DRAIN_ENV, REQUEUE_EXIT_CODE_ENV, PROCESS_ALONE_ENV, RESTARTS_ENV,
     RESTART_BACKOFF_ENV, RESTART_WINDOW_ENV, MAX_NO_PROGRESS_RESTARTS_ENV, WARM_RESTARTS_ENV,
     WARM_RESTART_AFTER_ENV, PREFLIGHT_TIMEOUT_ENV, PREFLIGHT_MIN_GBPS_ENV,
-    PREFLIGHT_MIN_FREE_GB_ENV, SPARE_HOSTS_ENV, SPARE_GRACE_ENV)}
+    PREFLIGHT_MIN_FREE_GB_ENV, SPARE_HOSTS_ENV, SPARE_GRACE_ENV, REJOIN_TIMEOUT_ENV)}
 
 # Names of sagemaker_training.params, for framework toolkits that import them.
 # A reference name with the meaning of a name above is that same constant.

@@ -185,6 +185,10 @@ TABLE = (
      "host whose ranks fail the same way twice in a row goes to a spare", _R),
     (_T + "RESTART_BACKOFF_S", "float", 5.0, (0, 300), EVERY_HOST, "restarts",
      "the wait before a restart, doubling, at most 300", _R),
+    (_T + "REJOIN_TIMEOUT_S", "float", None, (1, 3600), EVERY_HOST, "restarts",
+     "how long the hosts wait for each other before a restart in place, after the backoff "
+     "(default: 30, or 5 ms a host where that is longer); longer where an orchestrator "
+     "starts a lost host's container again in its place", _R),
     (_T + "RESTART_WINDOW_S", "float", None, (1e-3, None), EVERY_HOST, "restarts",
      "the budget is per window of this many seconds (default: the whole run)", _R),
     (_T + "NO_RESTART_EXIT_CODES", "str", "64-78", None, EVERY_HOST, "restarts",

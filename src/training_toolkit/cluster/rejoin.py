@@ -28,9 +28,11 @@ REJOIN_PER_HOST_S = 0.005
 
 
 def rejoin_s(hosts):
-    """How long the hosts of a job of `hosts` wait for each other: REJOIN_S,
-    or REJOIN_PER_HOST_S a host where that is longer (from 6,000 hosts)."""
-    return max(REJOIN_S, hosts * REJOIN_PER_HOST_S)
+    """How long the hosts of a job of `hosts` wait for each other:
+    TRAINING_TOOLKIT_REJOIN_TIMEOUT_S where set, else REJOIN_S, or
+    REJOIN_PER_HOST_S a host where that is longer (from 6,000 hosts)."""
+    chosen = params.setting(os.environ, params.REJOIN_TIMEOUT_ENV)
+    return chosen if chosen is not None else max(REJOIN_S, hosts * REJOIN_PER_HOST_S)
 
 
 def rejoin(master, hosts, host, port, key, attempt, pool=None, unfit=None, try_=0):
