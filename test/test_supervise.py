@@ -156,6 +156,25 @@ def test_stop_request_while_starting_reaches_the_new_process(monkeypatch):
     assert outcome.exit_code == 128 + 15 and outcome.terminated_by_us
 
 
+def test_a_stop_asked_before_the_start_stops_the_tree_as_it_starts():
+    """A peer's failure heard before this host's process exists (the
+    control channel's abort calls stop()): the process is stopped as soon
+    as it starts, not left to run to its end. A stop after a run's end (a
+    late abort of the attempt before) is not the next run's."""
+    import signal
+    import sys
+
+    supervisor = supervise.Supervisor(grace_seconds=5)
+    supervisor.expect_start()
+    supervisor.stop(signal.SIGTERM, 5)
+    outcome = supervisor.run([sys.executable, "-c", "import time; time.sleep(60)"])
+    assert outcome.exit_code == 128 + 15 and not outcome.terminated_by_us
+    supervisor.stop(signal.SIGTERM, 5)
+    supervisor.expect_start()
+    outcome = supervisor.run([sys.executable, "-c", "pass"])
+    assert outcome.exit_code == 0
+
+
 # The splice path (what Supervisor uses for stderr going to a pipe): whole
 # lines are spliced from the relay's pipe to the destination without a copy,
 # after a tee(2) of each block shows where its last line ends. Every output

@@ -54,6 +54,7 @@ def run_attempts(env, supervisor, reporter, launch_plan, runner, replan=None):
         settings = settings_of(os.environ)
     if settings is None:
         preflight(env, reporter)
+        supervisor.expect_start()  # a peer's failure from now on stops what this host starts
         return phase(reporter, "run", runner.run, launch_plan, supervisor, env, reporter)
     return AttemptLoop(env, supervisor, reporter, launch_plan, settings, replan).run(runner)
 
@@ -184,6 +185,7 @@ class AttemptLoop:
             self._rejoin_and_check(entry)
             if attempts.number:  # what the restart did, in resilience.json while it runs
                 attempts.save()
+            self.supervisor.expect_start()
             outcome = phase(self.reporter, "run", self.runner.run, self.launch_plan,
                              self.supervisor, self.env, self.reporter)
             if attempts.number:

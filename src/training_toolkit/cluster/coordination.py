@@ -382,6 +382,10 @@ class JobWorker:
                 self.verdict = msg
                 self.stop_local(signal.SIGTERM, msg.get("grace", ABORT_GRACE_S))
             elif kind == "verdict":
+                if self.verdict is None and msg.get("exit_code"):
+                    # No abort came first: this host joined after it went
+                    # out, and its part may still run.
+                    self.stop_local(signal.SIGTERM, ABORT_GRACE_S)
                 self.verdict = msg
                 break
 

@@ -142,6 +142,11 @@ class Supervisor:
         self._killer = None
         self._spreader = None  # the stop's second stage: the rest of the tree
         self._stop_sig = None  # the signal of this run's stop, once stopped
+        # (sig, grace) of a stop asked for after expect_start() and before
+        # the tree exists (a peer's failure heard while this host was still
+        # starting): start() applies it.
+        self._expecting = False
+        self._stop_before_start = None
         self._noticed = set()  # the pids this run's stop has signalled
         # Reentrant, as KillTimer's: stop() runs in signal handlers.
         self._stop_lock = threading.RLock()
@@ -167,6 +172,13 @@ class Supervisor:
             yield
         finally:
             self.hooks = saved
+
+    def expect_start(self):
+        """A run is on its way (its hosts are joining): a stop asked for from
+        now until start() stops its tree as soon as it exists. A stop before
+        this, or after the run's end, is not the run's."""
+        with self._stop_lock:
+            self._expecting, self._stop_before_start = True, None
 
     def run(self, argv, env=None, cwd=None, **relay_options):
         """Run `argv` to completion and return its Outcome."""
@@ -215,8 +227,13 @@ class Supervisor:
                               (tag or {}).get(out_fd, b""), splice=True, watch=watch)
             relay.start()
             self._relays[name] = relay
+        with self._stop_lock:
+            asked, self._stop_before_start = self._stop_before_start, None
+            self._expecting = False
         if self.terminating:  # a stop request came while it was starting
             self.stop(signal.SIGTERM, self.stop_window())
+        elif asked is not None:
+            self.stop(*asked)
         else:  # started in wait(), from this (the main) thread
             self.standby.arm(standby, streams)
         return self.proc
@@ -294,10 +311,13 @@ class Supervisor:
         tree TREE_LEAD_S (at most half of `grace`) before `grace` ends,
         SIGKILL to what is left when it ends. Only the first call signals:
         a later one can only bring both deadlines forward (an abort after a
-        stop request)."""
+        stop request). Asked for between expect_start() and the tree's
+        start, it stops the tree as soon as start() has made it."""
         with self._stop_lock:
             proc = self.proc
             if proc is None:
+                if self._expecting:
+                    self._stop_before_start = (sig, grace)
                 return
             if self._stop_sig is None:
                 if proc.returncode is not None:
