@@ -49,8 +49,7 @@ class CheckpointRules(EveryFile):
             os.path.join(root, unit, self.marker))
 
     def waits_for(self, rel):
-        unit, sep, rest = rel.partition("/")
-        return unit if self.marker is not None and sep and rest == self.marker else None
+        return unit_of(rel) if rel == self.marker_of(rel) else None
 
     def marker_of(self, rel):
         unit, sep, _ = rel.partition("/")

@@ -10,14 +10,14 @@ errors; a file that still fails is tried again later with a backoff. One
 file has at most one upload in flight; a file changed while it uploads is
 uploaded again afterwards, so the object ends with the file's last content.
 The tree's rules (s3sync.rules) say which files may go up yet, which
-wait for the rest of their unit (a completeness marker goes up last), and
-whether a local delete deletes the object: a delete then takes a file's
-turn as an upload would, with the same retries.
+wait for the rest of their unit (a completeness marker goes up last, and
+leaves first), and whether a local delete deletes the object: a delete then
+takes a file's turn as an upload would, with the same retries.
 
 The state is the sync thread's alone: the upload workers and the transfer
 manager's callbacks only post their results, which `handle_messages` takes
 on that thread (the requests themselves are in `requests`). One concern in
-about 515 lines: every method reads or changes that one per-file state.
+about 540 lines: every method reads or changes that one per-file state.
 """
 import collections
 import os
