@@ -213,18 +213,32 @@ def _until(check, timeout_s, what):
         time.sleep(0.02)
 
 
-@pytest.mark.parametrize("held", [False, True], ids=["at-once", "held-then-let-go"])
+@pytest.mark.parametrize("held, settling", [(False, False), (True, False), (False, True)],
+                         ids=["at-once", "held-then-let-go", "marker-upload-not-yet-heard"])
 def test_a_deleted_units_marker_leaves_s3_before_any_of_its_files(tmp_path, s3_server, bucket,
-                                                                  monkeypatch, held):
+                                                                  monkeypatch, held, settling):
     """step-1's files deleted here, the marker last, each in an inotify batch
     of its own: the marker's object goes first, and the others only once it
     is gone, whether the deletes go at once or wait for the committer's
-    leave (released in no particular order). A restore or a reader of S3
+    leave (released in no particular order), and also when the marker's
+    upload is in S3 but its result not yet back. A restore or a reader of S3
     never sees a unit that looks whole without all its files."""
+    import copy
+
     from training_toolkit.resilience.checkpoint_rules import CheckpointRules
     from training_toolkit.s3sync.requests import Requests
 
     requests = []
+    put_small = Requests.put_small
+
+    def late_heard(self, rel, gen, path):  # the marker's object in S3 a second before its result
+        if not (settling and rel.endswith("COMPLETE")):
+            return put_small(self, rel, gen, path)
+        late = copy.copy(self)
+        late.post = lambda message: (time.sleep(1.0), self.post(message))
+        return put_small(late, rel, gen, path)
+
+    monkeypatch.setattr(Requests, "put_small", late_heard)
 
     def recorded(self, rel, gen):  # Requests.delete, each request's start and end said
         requests.append(("start", rel))
@@ -262,6 +276,41 @@ def test_a_deleted_units_marker_leaves_s3_before_any_of_its_files(tmp_path, s3_s
         snap = sync.finish(time.monotonic() + 10)
     assert snap["state"] == "complete" and snap["deletes"] == 3, snap
     assert requests[:2] == [("start", "step-1/COMPLETE"), ("end", "step-1/COMPLETE")], requests
+
+
+def test_a_file_deleted_while_its_upload_is_in_flight_leaves_s3(tmp_path, s3_server, bucket,
+                                                                 monkeypatch):
+    """Where deletes are mirrored, a file deleted after its PUT reached S3
+    but before the sync heard of it is deleted in S3 too: no orphan object."""
+    import copy
+
+    from training_toolkit.s3sync.requests import Requests
+    from training_toolkit.s3sync.rules import EveryFile
+
+    class Mirrored(EveryFile):
+        mirror_deletes = True
+
+    put_small = Requests.put_small
+    landed = []
+
+    def late_heard(self, rel, gen, path):  # in S3 a second before its result is heard
+        late = copy.copy(self)
+        late.post = lambda message: (landed.append(rel), time.sleep(1.0), self.post(message))
+        return put_small(late, rel, gen, path)
+
+    monkeypatch.setattr(Requests, "put_small", late_heard)
+    sync = _sync(tmp_path, s3_server, bucket, Mirrored())
+    client = s3_client(s3_server)
+    sync.start()
+    try:
+        _until(lambda: sync.snapshot()["state"] == "syncing", 30, "the sync watching")
+        (tmp_path / "tree" / "a.bin").write_bytes(b"a")
+        _until(lambda: landed, 30, "a.bin's PUT")
+        (tmp_path / "tree" / "a.bin").unlink()
+    finally:
+        snap = sync.finish(time.monotonic() + 10)
+    assert snap["state"] == "complete" and snap["deletes"] == 1, snap
+    assert client.list_objects_v2(Bucket=bucket).get("Contents", ()) == ()
 
 
 # -- settings ----------------------------------------------------------------------

@@ -452,7 +452,8 @@ class Uploads:
         whole without all of its files, whatever order the deletes came in."""
         marker = self.rules.marker_of(rel)
         m = self._files.get(marker) if marker is not None and marker != rel else None
-        if m is None or not m.ever_uploaded:
+        # An upload in flight may be in S3 already, its result not yet heard.
+        if m is None or not (m.ever_uploaded or m.busy and not m.deleting):
             return False
         if not m.busy and m.retry_at is None:
             m.withdrawn = os.path.lexists(os.path.join(self.root, marker))
@@ -511,8 +512,7 @@ class Uploads:
         f.attempts = 0
         hashed = f.hash_result if isinstance(f.hash_result, tuple) else None
         if f.dirty or now_sig != f.submit_sig or hashed is None or hashed[0] != f.submit_sig:
-            if now_sig is not None:
-                self.want(rel)  # changed while uploading: the last content must win
+            self.want(rel)  # changed or deleted while uploading: the last state must win
             return
         f.sig, f.etag = f.submit_sig, hashed[1]
         durable = self.rules.uploaded(rel, self._unit_settled, f.sig[0], f.sig[1] / 1e9, f.etag)
