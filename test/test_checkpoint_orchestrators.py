@@ -4,8 +4,9 @@ restore.py, wired in trainer.py) where a job is stopped with a notice and
 run again by its orchestrator.
 
 1. Slurm (real slurmctld/slurmd/munge of test_slurm.py over two simulated
-   hosts): `sbatch --requeue --signal=B:USR1@5 -t 1` whose batch script
-   passes SIGUSR1 on to `srun train`; the ranks save and end, `train` exits
+   hosts): `sbatch --requeue --signal=B:USR1@110 -t 10`, the limit
+   shortened to 2 minutes once the ranks run, whose batch script passes
+   SIGUSR1 on to `srun train`; the ranks save and end, `train` exits
    TRAINING_TOOLKIT_REQUEUE_EXIT_CODE=85 (its newest checkpoint durable),
    slurm.conf's `RequeueExit=85` requeues the job, and the next attempt
    (SLURM_RESTART_COUNT=1) restores the prefix into a fresh job tree and
@@ -203,17 +204,33 @@ echo "attempt ${SLURM_RESTART_COUNT:-0}: srun exited $code"
 exit $code
 """
 
-# The job's limit and when SIGUSR1 comes: the issue's `-t 1 --signal=B:USR1@5`.
-# slurmctld checks its jobs' time every 30 s (PERIODIC_TIMEOUT) and sends the
-# signal at the first check where the job is within N + 30 s of its limit
-# (measured here: always on a check, never before 60 - 5 - 30 = 25 s), so it
-# comes 25 to 55 s into an attempt, and the limit itself is enforced on a
-# check at least 30 s later. An attempt that ends before 25 s gets none.
-TIME_LIMIT = "1"
-SIGNAL_AT = 5
-# The bound on the whole job, both attempts: the signal (<= ~55 s), the
-# save, the requeue's wait (cred_expire 5 s), the second attempt (seconds).
-JOB_BOUND_S = 180
+# The job's limit and when SIGUSR1 comes. slurmctld looks at its jobs' time
+# every 30 s (PERIODIC_TIMEOUT) and sends --signal=B:USR1@N at the first look
+# where the job is within N (and up to 60 s more, srun(1)) of its limit. The
+# job is submitted with a limit far off (`-t 10`, the signal at 110 s before
+# it); once every rank runs, the limit is shortened to 2 minutes
+# (`scontrol update`), so the signal comes at the next look, 0 to 30 s later,
+# never before the ranks exist (one that reaches a `train` whose rank has not
+# started yet reaches the rank only as the stop file).
+TIME_LIMIT = "10"
+SIGNAL_AT = 110
+SHORT_LIMIT = "2"
+# The bound on the whole job, both attempts: the ranks' start, the signal (<=
+# ~30 s after it), the save, the requeue's wait (cred_expire 5 s), the second
+# attempt (seconds).
+JOB_BOUND_S = 150
+
+
+def _set_limit(slurm, job_id, minutes, once_there, log, timeout_s=60):
+    """Once every path of `once_there` exists (bounded), set the job's time
+    limit to `minutes`."""
+    deadline = time.monotonic() + timeout_s
+    while not all(os.path.exists(p) for p in once_there):
+        if time.monotonic() > deadline:
+            pytest.fail("no %s within %d s:\n%s" % (once_there, timeout_s, _tail(log)))
+        time.sleep(0.2)
+    update = slurm.scontrol(["update", "JobId=%s" % job_id, "TimeLimit=%s" % minutes])
+    assert update.returncode == 0, update.stderr
 
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                 "PREEMPTED", "BOOT_FAIL", "DEADLINE")
@@ -248,9 +265,10 @@ def _wait_final(slurm, job_id, timeout_s, log):
 
 @pytest.mark.timeout(300)
 def test_slurm_requeue_after_sigusr1_restores_and_resumes(slurm_requeue_exit, s3_server):
-    """`sbatch --requeue --signal=B:USR1@5 -t 1` of `srun train -- python
+    """`sbatch --requeue --signal=B:USR1@110 -t 10` of `srun train -- python
     t.py` on two nodes, checkpoints synced to s3://bucket/ckpt (one prefix),
-    TRAINING_TOOLKIT_REQUEUE_EXIT_CODE=85 and slurm.conf's RequeueExit=85:
+    TRAINING_TOOLKIT_REQUEUE_EXIT_CODE=85 and slurm.conf's RequeueExit=85,
+    the limit shortened to 2 minutes once the ranks run (above):
 
     * attempt 0: SIGUSR1 reaches each node's rank once; node 0 saves the
       step it is at; both trains exit 85 (a notice, the newest checkpoint
@@ -269,6 +287,11 @@ def test_slurm_requeue_after_sigusr1_restores_and_resumes(slurm_requeue_exit, s3
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.strip().split(";")[0]
     log = os.path.join(d, "out." + job_id)
+    _set_limit(slurm, job_id, SHORT_LIMIT, [os.path.join(d, "start.0.%s" % h) for h in HOSTS], log)
+    # Once attempt 0 stopped (the requeue waits 5 s more), the far limit is
+    # back: the requeued attempt keeps the job's limit, and gets no signal.
+    _set_limit(slurm, job_id, TIME_LIMIT, [os.path.join(d, "stop.0.%s" % h) for h in HOSTS],
+               log, timeout_s=90)
 
     state, code, restarts = _wait_final(slurm, job_id, JOB_BOUND_S, log)
     why = "\n".join([_tail(log, 80)] + ["%s attempt %d: %s" % (
@@ -348,8 +371,8 @@ exec %(train)s -- python t.py
 
 @pytest.mark.timeout(240)
 def test_slurm_batch_shell_train_passes_sigusr1_on_to_its_rank(slurm_requeue_exit, s3_server):
-    """`sbatch -N1 -t 1 --signal=B:USR1@5` of a batch script that execs
-    `train -- python t.py` (checkpoints synced, no requeue code): Slurm
+    """`sbatch -N1 -t 10 --signal=B:USR1@110` (then a 2-minute limit) of a
+    batch script that execs `train -- python t.py` (checkpoints synced, no requeue code): Slurm
     sends SIGUSR1 to the batch shell only, `train`, which must pass it on
     to its rank (docs/checkpoints.md: "SIGUSR1 ... which `train` passes to
     every rank once"), as well as create the stop file. The rank saves at
@@ -362,7 +385,8 @@ def test_slurm_batch_shell_train_passes_sigusr1_on_to_its_rank(slurm_requeue_exi
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.strip().split(";")[0]
     log = os.path.join(d, "out." + job_id)
-    state, code, restarts = _wait_final(slurm, job_id, 120, log)
+    _set_limit(slurm, job_id, SHORT_LIMIT, [os.path.join(d, "start.0.algo-1")], log)
+    state, code, restarts = _wait_final(slurm, job_id, 90, log)
     why = _tail(log, 80)
     assert (state, code, restarts) == ("COMPLETED", "0:0", "0"), why
     stop = _read_json(os.path.join(d, "stop.0.algo-1"))

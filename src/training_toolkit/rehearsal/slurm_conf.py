@@ -69,6 +69,9 @@ def conf_text(d, cluster_name, controller_name, controller_address, munge_socket
         "InactiveLimit=0",
         "MinJobAge=300",
         "SlurmdTimeout=60",
+        # The main scheduling loop every 2 s, not 60: a requeued job starts
+        # again once its begin time (cred_expire) passes, not up to a minute later.
+        "SchedulerParameters=sched_interval=2",
     ]
     for host, address in nodes:
         lines.append("NodeName=%s NodeAddr=%s CPUs=%d State=UNKNOWN" % (host, address, cpus))
