@@ -394,7 +394,7 @@ def test_a_host_that_cannot_reach_s3_at_start_keeps_every_host_from_starting(tmp
         env = cluster_env(cj, s3_server, bucket, TT_SHARED=str(shared), TT_PHASE="x")
         gateway, port = cj.cluster.expose(int(proxy.url.rsplit(":", 1)[1]))
         cj.start(env_of=lambda h: {"S3_ENDPOINT_URL": "http://%s:%d" % (gateway, port)}
-                 if h == "algo-2" else {}, **env)
+                 if h == "algo-2" else {}, TRAINING_TOOLKIT_CHECKPOINT_REACH_S=4, **env)
         cj.wait(timeout=180)
         errors = errors_of(cj)
         assert proxy.resets > 0

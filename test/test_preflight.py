@@ -188,12 +188,13 @@ def test_a_blackholed_s3_endpoint_fails_the_probe_within_its_deadline(monkeypatc
 
 def test_a_blackholed_s3_endpoint_at_start_ends_the_job_before_any_user_code(tmp_path):
     """At start the checkpoint restore needs S3 before the pre-flight runs:
-    75, naming the host and the URI (docs/checkpoints.md)."""
+    75 once TRAINING_TOOLKIT_CHECKPOINT_REACH_S has passed, naming the host
+    and the URI (docs/checkpoints.md)."""
     job = Job(tmp_path, {"train.py": RAN})
     with silent_endpoint() as endpoint:
         r = run(job, TRAINING_TOOLKIT_PREFLIGHT="basic", TRAINING_TOOLKIT_PREFLIGHT_TIMEOUT_S=3,
                 S3_ENDPOINT_URL=endpoint, TRAINING_TOOLKIT_S3_TIMEOUT_S=1,
-                SM_INTERMEDIATE_DRAIN_SECONDS=2,
+                TRAINING_TOOLKIT_CHECKPOINT_REACH_S=4, SM_INTERMEDIATE_DRAIN_SECONDS=2,
                 AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
                 AWS_DEFAULT_REGION="us-east-1", **{URI_ENV: "s3://tt-blackholed/ckpt"})
     err = r.stderr.decode("utf-8", "replace")

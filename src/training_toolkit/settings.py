@@ -166,6 +166,8 @@ TABLE = (
      "what each host restores of the committed checkpoint", _C),
     (_T + "CHECKPOINT_RESTORE_DEADLINE_S", "float", 1800.0, (1e-3, None), EVERY_HOST,
      "checkpoints", "how long the job's restore at start may take", _C),
+    (_T + "CHECKPOINT_REACH_S", "float", 30.0, (1e-3, None), EVERY_HOST, "checkpoints",
+     "how long `train` tries to reach the checkpoint prefix at start", _C),
     (_T + "CHECKPOINT_DRAIN_S", "float", None, (None, _GRACE_MAX), EVERY_HOST, "checkpoints",
      "the checkpoint uploads' drain at the end (default: SM_INTERMEDIATE_DRAIN_SECONDS, "
      "which keeps working for both, else 60)", _C),

@@ -40,9 +40,6 @@ __all__ = ["CheckpointRules", "CheckpointSettings", "Checkpoints", "DELETE_MODES
 # The flush reserve's bounds: at least this, and never more than half the
 # grace (the ranks always get the other half).
 MIN_FLUSH_S = 5.0
-# How long `train` tries to reach the prefix at start before it gives up on
-# it (a restore that needs it then fails the job: 75).
-START_ATTEMPTS_S = 30.0
 # SageMaker verify mode: HEADs in flight at once.
 VERIFY_CONCURRENCY = 16
 # A sync stopped for good is said again this often while the job runs.
@@ -185,14 +182,15 @@ class Checkpoints:
 
     def _reachable(self):
         """None when the prefix can be listed, else why not (S3 out of reach
-        for START_ATTEMPTS_S); raises for a missing bucket (78) or access
+        for TRAINING_TOOLKIT_CHECKPOINT_REACH_S: a restore that needs it then
+        fails the job, 75); raises for a missing bucket (78) or access
         denied (77)."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         from .. import backoff
 
         s, tries = self.settings, 0
-        deadline = time.monotonic() + START_ATTEMPTS_S
+        deadline = time.monotonic() + params.setting(os.environ, params.CHECKPOINT_REACH_ENV)
         while True:
             try:
                 self._s3().list_objects_v2(Bucket=s.bucket, Prefix=s.prefix, MaxKeys=1)
