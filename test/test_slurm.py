@@ -39,6 +39,9 @@ What differs from a production cluster:
 * the requeue case runs on a cluster of its own with ``AuthInfo=...,
   cred_expire=5``: a requeued job waits cred_expire seconds before it starts
   again (production default 120);
+* ``SchedulerParameters=sched_interval=2`` (default 60): the main
+  scheduling loop runs every 2 s, so a requeued job starts as soon as its
+  cred_expire wait ends, not at the next minute's pass;
 * the shared filesystem is the machine's own: a path outside each node's
   private ``/tmp`` (or one of SimCluster's shared paths) is the same on all
   nodes. Each node's ``/opt/ml`` is its own, and holds an empty ``code/``
