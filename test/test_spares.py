@@ -7,6 +7,7 @@ Nothing is mocked."""
 import json
 import os
 import signal
+import subprocess
 import time
 
 import psutil
@@ -137,8 +138,24 @@ def kill_host(job, host):
     while not all(gone(p) for p in procs):
         assert time.monotonic() < deadline, "%s's processes outlived SIGKILL" % host
         time.sleep(0.01)
+    # Their FINs acknowledged too: one still unsent or unanswered when the
+    # port goes down is lost, and the master learns of the host from its
+    # keepalive instead. Bounded: the cut comes after 5 s whatever.
+    deadline = time.monotonic() + 5
+    while unacknowledged_closes(job, host) and time.monotonic() < deadline:
+        time.sleep(0.01)
     job.cluster.disconnect(host)
     return killed_at
+
+
+def unacknowledged_closes(job, host):
+    """The TCP sockets of `host` whose close the peer has not acknowledged
+    yet (or that nothing closed)."""
+    out = subprocess.run(["ip", "netns", "exec", job.cluster.netns(host), "ss", "-Htn",
+                          "state", "established", "state", "fin-wait-1", "state", "closing",
+                          "state", "last-ack", "state", "syn-sent"],
+                         capture_output=True, text=True, timeout=10)
+    return out.stdout.strip()
 
 
 def attempts_of(job, host):
@@ -253,6 +270,12 @@ host = os.environ["SM_CURRENT_HOST"]
 open(os.path.join(os.environ["SHARED"], "ran-%d-%s" % (attempt, host)), "w").close()
 if attempt == 0:
     if host == "algo-2":
+        # Only once algo-1's program has run: the failure stops it, perhaps
+        # before its first line otherwise.
+        waited = time.monotonic()
+        while (not os.path.exists(os.path.join(os.environ["SHARED"], "ran-0-algo-1"))
+               and time.monotonic() - waited < 60):
+            time.sleep(0.02)
         sys.exit(3)
     time.sleep(60)  # stopped by algo-2's failure
 time.sleep(3)  # the restart runs while a host that came too late hears so
