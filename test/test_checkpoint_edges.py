@@ -213,6 +213,27 @@ def _until(check, timeout_s, what):
         time.sleep(0.02)
 
 
+def _heard_late(monkeypatch, late, landed=None):
+    """Requests.put_small, but for the paths `late(rel)` picks, S3 has the
+    object a second before the sync hears of it; `landed` (a list) gets each
+    such path as its PUT ends."""
+    import copy
+
+    from training_toolkit.s3sync.requests import Requests
+
+    put_small = Requests.put_small
+
+    def put(self, rel, gen, path):
+        if not late(rel):
+            return put_small(self, rel, gen, path)
+        slow = copy.copy(self)
+        slow.post = lambda message: (landed is not None and landed.append(rel),
+                                     time.sleep(1.0), self.post(message))
+        return put_small(slow, rel, gen, path)
+
+    monkeypatch.setattr(Requests, "put_small", put)
+
+
 @pytest.mark.parametrize("held, settling", [(False, False), (True, False), (False, True)],
                          ids=["at-once", "held-then-let-go", "marker-upload-not-yet-heard"])
 def test_a_deleted_units_marker_leaves_s3_before_any_of_its_files(tmp_path, s3_server, bucket,
@@ -223,22 +244,11 @@ def test_a_deleted_units_marker_leaves_s3_before_any_of_its_files(tmp_path, s3_s
     leave (released in no particular order), and also when the marker's
     upload is in S3 but its result not yet back. A restore or a reader of S3
     never sees a unit that looks whole without all its files."""
-    import copy
-
     from training_toolkit.resilience.checkpoint_rules import CheckpointRules
     from training_toolkit.s3sync.requests import Requests
 
     requests = []
-    put_small = Requests.put_small
-
-    def late_heard(self, rel, gen, path):  # the marker's object in S3 a second before its result
-        if not (settling and rel.endswith("COMPLETE")):
-            return put_small(self, rel, gen, path)
-        late = copy.copy(self)
-        late.post = lambda message: (time.sleep(1.0), self.post(message))
-        return put_small(late, rel, gen, path)
-
-    monkeypatch.setattr(Requests, "put_small", late_heard)
+    _heard_late(monkeypatch, lambda rel: settling and rel.endswith("COMPLETE"))
 
     def recorded(self, rel, gen):  # Requests.delete, each request's start and end said
         requests.append(("start", rel))
@@ -282,23 +292,13 @@ def test_a_file_deleted_while_its_upload_is_in_flight_leaves_s3(tmp_path, s3_ser
                                                                  monkeypatch):
     """Where deletes are mirrored, a file deleted after its PUT reached S3
     but before the sync heard of it is deleted in S3 too: no orphan object."""
-    import copy
-
-    from training_toolkit.s3sync.requests import Requests
     from training_toolkit.s3sync.rules import EveryFile
 
     class Mirrored(EveryFile):
         mirror_deletes = True
 
-    put_small = Requests.put_small
     landed = []
-
-    def late_heard(self, rel, gen, path):  # in S3 a second before its result is heard
-        late = copy.copy(self)
-        late.post = lambda message: (landed.append(rel), time.sleep(1.0), self.post(message))
-        return put_small(late, rel, gen, path)
-
-    monkeypatch.setattr(Requests, "put_small", late_heard)
+    _heard_late(monkeypatch, lambda rel: True, landed)
     sync = _sync(tmp_path, s3_server, bucket, Mirrored())
     client = s3_client(s3_server)
     sync.start()

@@ -372,11 +372,12 @@ exec %(train)s -- python t.py
 @pytest.mark.timeout(240)
 def test_slurm_batch_shell_train_passes_sigusr1_on_to_its_rank(slurm_requeue_exit, s3_server):
     """`sbatch -N1 -t 10 --signal=B:USR1@110` (then a 2-minute limit) of a
-    batch script that execs `train -- python t.py` (checkpoints synced, no requeue code): Slurm
-    sends SIGUSR1 to the batch shell only, `train`, which must pass it on
-    to its rank (docs/checkpoints.md: "SIGUSR1 ... which `train` passes to
-    every rank once"), as well as create the stop file. The rank saves at
-    the notice and the job ends 0 with the step durable."""
+    batch script that execs `train -- python t.py` (checkpoints synced, no
+    requeue code): Slurm sends SIGUSR1 to the batch shell only, `train`,
+    which must pass it on to its rank (docs/checkpoints.md: "SIGUSR1 ...
+    which `train` passes to every rank once"), as well as create the stop
+    file. The rank saves at the notice and the job ends 0 with the step
+    durable."""
     slurm = slurm_requeue_exit
     bucket, d, base, script, env = _slurm_job(slurm, s3_server, "ckpt-exec-train", EXEC_BATCH)
     proc = slurm.sbatch(["--parsable", "-N1", "-w", "algo-1", "-t", TIME_LIMIT,
