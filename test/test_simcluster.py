@@ -464,6 +464,30 @@ def test_bad_names_and_aliases(tmp_path):
     assert SimCluster(2, [tmp_path, tmp_path]).hosts == ["algo-1", "algo-2"]
 
 
+def test_the_subnet_grows_past_253_hosts():
+    """A /24 holds 253 hosts besides the gateway (.254); beyond, a /22 holds
+    1,021 (the most a Linux bridge takes is 1,024 ports)."""
+    import ipaddress
+    import random
+
+    from training_toolkit.rehearsal.namespaces import pick_subnet
+    from training_toolkit.rehearsal.simchecks import check_subnet, gateway_of, subnet_prefix
+
+    assert [subnet_prefix(n) for n in (1, 253, 254, 1021)] == [24, 24, 22, 22]
+    for n in (0, 1022):
+        with pytest.raises(ValueError, match="1..1021 hosts, not %d" % n):
+            SimCluster(n, None)
+    assert str(gateway_of(ipaddress.ip_network("10.9.8.0/24"))) == "10.9.8.254"
+    assert str(gateway_of(ipaddress.ip_network("10.9.8.0/22"))) == "10.9.11.254"
+    with pytest.raises(ValueError, match="/22 for 300 hosts"):
+        check_subnet("10.9.8.0/24", 300)
+    assert check_subnet("10.9.8.0/22", 300).num_addresses == 1024
+    for seed in range(20):
+        net = pick_subnet(random.Random(seed), 22)
+        assert net.prefixlen == 22 and net.network_address.packed[2] % 4 == 0
+    assert SimCluster(300, None).hosts[-1] == "algo-300"
+
+
 def test_unsupported_machine_is_reported(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(SimClusterUnavailable, match="root"):

@@ -221,12 +221,14 @@ def _routed_networks():
     return nets
 
 
-def pick_subnet(rng):
-    """A random 10.X.Y.0/24 that overlaps no route of the root namespace."""
+def pick_subnet(rng, prefix=24):
+    """A random 10.X.Y.0/``prefix`` (22 to 24) that overlaps no route of the
+    root namespace."""
     routed = _routed_networks()
     for _ in range(200):
-        net = ipaddress.ip_network("10.%d.%d.0/24" % (rng.randrange(1, 255),
-                                                      rng.randrange(0, 256)))
+        third = rng.randrange(0, 256) & ~((1 << (24 - prefix)) - 1)
+        net = ipaddress.ip_network("10.%d.%d.0/%d" % (rng.randrange(1, 255), third, prefix))
         if not any(net.overlaps(r) for r in routed):
             return net
-    raise SimClusterError("no free 10.X.Y.0/24 subnet found (every candidate overlaps a route)")
+    raise SimClusterError("no free 10.X.Y.0/%d subnet found (every candidate overlaps a route)"
+                          % prefix)

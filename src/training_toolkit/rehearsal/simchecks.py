@@ -11,7 +11,23 @@ import sys
 
 from .. import params
 
-GATEWAY_OCTET = 254
+# The hosts' subnet: a /24 up to 253 hosts, a /22 up to 1,021 (a Linux
+# bridge takes 1,024 ports). The hosts are its first addresses, the gateway
+# (the bridge namespace) its last before the broadcast: .254 in a /24.
+SUBNET_PREFIXES = (24, 22)
+MAX_HOSTS = 1021
+
+
+def subnet_prefix(n):
+    """The prefix length of the subnet that holds ``n`` hosts and the gateway."""
+    for prefix in SUBNET_PREFIXES:
+        if 1 <= n <= 2 ** (32 - prefix) - 3:
+            return prefix
+    raise ValueError("a simulated cluster has 1..%d hosts, not %d" % (MAX_HOSTS, n))
+
+
+def gateway_of(subnet):
+    return subnet.broadcast_address - 1
 
 _PREFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
 _LABEL_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
@@ -134,15 +150,14 @@ def shared_below_tmp(shared_paths):
 
 
 def check_subnet(subnet, n):
-    """``subnet`` (None, or an IPv4 /24 as an ``ipaddress.IPv4Network`` or its
-    text) as an IPv4Network, with room for ``n`` hosts and the gateway."""
+    """``subnet`` (None, or an IPv4 network as an ``ipaddress.IPv4Network``
+    or its text) as an IPv4Network of the size ``subnet_prefix(n)`` says."""
     if subnet is not None:
         import ipaddress
 
         subnet = ipaddress.ip_network(subnet)
-        if subnet.version != 4 or subnet.prefixlen != 24:
-            raise ValueError("subnet must be an IPv4 /24, not %s" % subnet)
-        if n >= GATEWAY_OCTET:
-            raise ValueError("a /24 holds %d hosts besides the gateway"
-                             % (GATEWAY_OCTET - 1))
+        prefix = subnet_prefix(n)
+        if subnet.version != 4 or subnet.prefixlen != prefix:
+            raise ValueError("subnet must be an IPv4 /%d for %d hosts, not %s"
+                             % (prefix, n, subnet))
     return subnet

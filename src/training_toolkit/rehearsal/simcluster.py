@@ -4,7 +4,8 @@
 the caller gives, with extra names for each: ``names``, ``aliases``). Each
 host is
 
-* a network namespace with one IPv4 address (``10.X.Y.K/24`` on ``eth0``),
+* a network namespace with one IPv4 address (``10.X.Y.K/24`` on ``eth0``; a
+  /22 beyond 253 hosts),
   joined by a veth pair to a Linux bridge that lives in a network namespace of
   its own. The root namespace gets no link, address or route;
 * ``/etc/netns/<ns>/hosts`` naming every host (and its aliases), so ``getent
@@ -47,8 +48,8 @@ from . import holder, stale
 from .namespaces import NETNS_ETC_DIR, NETNS_RUN_DIR, SimClusterError, SimClusterUnavailable
 from .namespaces import check_supported, ip, pick_subnet, rmtree, teardown_names
 from .relay import Relay
-from .simchecks import GATEWAY_OCTET, check_names, check_prefix, check_roots, check_subnet
-from .simchecks import shared_below_tmp
+from .simchecks import check_names, check_prefix, check_roots, check_subnet
+from .simchecks import gateway_of, shared_below_tmp, subnet_prefix
 from .stale import DEFAULT_PREFIX_PATTERN, cleanup_stale
 
 # What tests check after close(), by the names they had here.
@@ -60,7 +61,6 @@ log = logging.getLogger(__name__)
 __all__ = ["SimCluster", "SimClusterError", "SimClusterUnavailable", "cleanup_stale",
            "check_supported", "DEFAULT_PREFIX_PATTERN"]
 
-MAX_HOSTS = 253
 SSHD = "/usr/sbin/sshd"
 
 
@@ -86,10 +86,10 @@ class SimCluster(stale.SingleUse):
     written to every host's ``/etc/hosts`` next to the host's own. The
     network namespaces are named by position (``<prefix>-algo-K``) whatever
     the host names, so that a crashed run's are found by cleanup_stale.
-    ``subnet``: the hosts' ``10.X.Y.0/24`` (an ``ipaddress.IPv4Network`` or
-    its text; host K is ``.K``), for a caller that names hosts by address
-    before start(); default a random one that no route of this machine
-    overlaps.
+    ``subnet``: the hosts' ``10.X.Y.0/24`` (a /22 beyond 253 hosts; an
+    ``ipaddress.IPv4Network`` or its text; host K is its K-th address), for
+    a caller that names hosts by address before start(); default a random
+    one that no route of this machine overlaps.
     """
 
     error = SimClusterError
@@ -99,8 +99,7 @@ class SimCluster(stale.SingleUse):
                  ready_timeout_s=30.0, names=None, aliases=None, subnet=None):
         super().__init__()
         n = int(n)
-        if not 1 <= n <= MAX_HOSTS:
-            raise ValueError("a simulated cluster has 1..%d hosts, not %d" % (MAX_HOSTS, n))
+        self._prefix = subnet_prefix(n)
         self.hosts, self._aliases = check_names(n, names, aliases)
         self._job_roots = check_roots(self.hosts, job_roots)
         name_prefix = check_prefix(name_prefix)
@@ -163,7 +162,7 @@ class SimCluster(stale.SingleUse):
         """Address of the bridge namespace, reachable from every host; see
         expose()."""
         self._require_started()
-        return str(self.subnet.network_address + GATEWAY_OCTET)
+        return str(gateway_of(self.subnet))
 
     @property
     def key_dir(self):
@@ -196,7 +195,8 @@ class SimCluster(stale.SingleUse):
                                       "use?)" % name)
         import random
 
-        self.subnet = self._subnet or pick_subnet(random.SystemRandom())
+        self.subnet = self._subnet or pick_subnet(random.SystemRandom(),
+                                                  self._prefix)
         for k, host in enumerate(self.hosts, 1):
             self._addresses[host] = str(self.subnet.network_address + k)
 
@@ -215,7 +215,7 @@ class SimCluster(stale.SingleUse):
         ip([], input="".join("netns add %s\n" % n for n in names))
         plen = self.subnet.prefixlen
         br = ["link set lo up", "link add br0 type bridge", "link set br0 up",
-              "addr add %s/%d dev br0" % (self.subnet.network_address + GATEWAY_OCTET, plen)]
+              "addr add %s/%d dev br0" % (gateway_of(self.subnet), plen)]
         for k, host in enumerate(self.hosts, 1):
             br += ["link add v%d type veth peer name eth0 netns %s" % (k, self._netns[host]),
                    "link set v%d master br0" % k,
