@@ -287,6 +287,25 @@ def test_mpirun_naming_the_failed_rank_decides_when_its_report_was_lost(monkeypa
     assert "rank 3 on algo-2 never reported its exit" in capfd.readouterr().err
 
 
+def test_mpiruns_abort_notice_after_the_ranks_report_keeps_the_ranks_own_words():
+    """The rank's report (with its stderr) came first, then mpirun's
+    MPI_ABORT notice, which stands in for a report and has no tail: the
+    verdict keeps the rank's own words, not mpirun's output."""
+    master = coordination.JobMaster(0, [], lambda sig, grace: None, KEY, Reporter(None))
+    try:
+        master.control.rank_started(3, "algo-2")
+        master.control.rank_exited(3, "algo-2", 3, "ValueError: rank 3 failing on purpose\n")
+        master.control.rank_exited(3, "algo-2", 3)  # the runner's _tag, on MPI_ABORT
+        abort_help = (b"-" * 74 + b"\nMPI_ABORT was invoked on rank 3 in communicator "
+                      b"MPI_COMM_WORLD\nwith errorcode 3.\n" + b"-" * 74 + b"\n")
+        outcome = master.verdict(Outcome(3, abort_help, False), tail_of=mpi.rank_lines)
+    finally:
+        master.close()
+    assert (outcome.exit_code, outcome.where) == (3, "rank 3 on algo-2")
+    assert b"rank 3 failing on purpose" in outcome.stderr_tail, outcome.stderr_tail
+    assert b"MPI_ABORT" not in outcome.stderr_tail
+
+
 def test_an_exit_report_stops_waiting_when_the_master_cannot_acknowledge(monkeypatch):
     """A master that closes the connection ends the wrapper's wait at once;
     one that never answers (or answers without the job's key) holds it only

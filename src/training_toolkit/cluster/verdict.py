@@ -107,10 +107,12 @@ class Ledger:
 
     def rank_exited(self, rank, host, exit_code, stderr_tail=""):
         """A rank's exit: its own report, or a launcher's notice that stands
-        in for it until it comes (mpirun's MPI_ABORT line, with no tail)."""
+        in for it until it comes (mpirun's MPI_ABORT line, with no tail). A
+        notice that comes after the report never replaces its tail."""
         with self._cond:
             self.exits.append(RankExit(time.monotonic(), rank, host, exit_code))
-            self.tails[rank] = stderr_tail
+            if stderr_tail or rank not in self.tails:
+                self.tails[rank] = stderr_tail
             first = self._entered(Failure(rank, host, exit_code) if exit_code != 0 else None)
         self._fail_fast(first)
 
