@@ -10,6 +10,7 @@ from hypothesis import given, strategies as st
 from training_toolkit import params
 from training_toolkit.environment import Environment
 from training_toolkit.errors import ConfigError, ExecuteUserScriptError
+from training_toolkit.job import checks
 from training_toolkit.job.paths import JobPaths
 from training_toolkit.report import failure_text, root_cause
 from training_toolkit.runners import RunnerType, select
@@ -99,18 +100,35 @@ def test_hetero_master_and_selection():
     assert select(env) is RunnerType.Process
 
 
-@pytest.mark.parametrize("rc,field", [
-    ({"hosts": ["a"], "current_host": "b"}, "current_host"),
-    ({"hosts": [], "current_host": "a"}, "hosts"),
-    ({"hosts": "a", "current_host": "a"}, "hosts"),
-    ({"hosts": ["a"], "current_host": "a", "instance_groups": [{"x": 1}]}, "instance_groups[0]"),
+@pytest.mark.parametrize("rc,field,says", [
+    ({"hosts": ["a"], "current_host": "b"}, "current_host", '"b" is not one of hosts ["a"]'),
+    ({"hosts": [], "current_host": "a"}, "hosts", None),
+    ({"hosts": "a", "current_host": "a"}, "hosts", None),
+    ({"hosts": ["a"], "current_host": "a", "instance_groups": [{"x": 1}]}, "instance_groups[0]",
+     None),
+    ({"hosts": ["a", "b"], "current_host": "a", "instance_groups": [
+        {"instance_group_name": "g", "hosts": ["a", "c", 7]}]}, "instance_groups[0].hosts",
+     'names ["c", 7], not one of hosts ["a", "b"]'),
 ])
-def test_bad_resource_config_names_the_field(rc, field):
+def test_bad_resource_config_names_the_field(rc, field, says):
     with pytest.raises(ConfigError) as e:
         make_env(rc=rc)
     assert e.value.field == field
     assert "resourceconfig.json" in str(e.value)
+    assert says is None or says in str(e.value), str(e.value)
     assert e.value.exit_code == 78
+
+
+def test_a_groups_hosts_are_checked_without_searching_the_host_list():
+    """Each of a group's hosts is looked up in a set: searching the job's
+    list made it hosts x hosts, 3 s at 16,384 before the master listened."""
+    class NoSearch(list):
+        def __contains__(self, item):
+            raise AssertionError("the host list was searched for %r" % (item,))
+
+    hosts = ["algo-%d" % i for i in range(1, 16385)]
+    checks.check_instance_groups([{"instance_group_name": "train", "hosts": hosts}],
+                                 NoSearch(hosts), "resourceconfig.json")
 
 
 def test_env_vars_table():

@@ -85,8 +85,9 @@ def check_hosts(resource_config, path, in_rank_order=False):
     if not in_rank_order:
         hosts = sorted(hosts)
     current_host = resource_config.get("current_host")
-    require(current_host in hosts, "%r is not one of hosts %s" % (current_host, hosts),
-            path, "current_host")
+    if current_host not in hosts:
+        raise ConfigError("%s is not one of hosts %s" % (shown(current_host), shown(hosts)),
+                          path=path, field="current_host")
     return hosts
 
 
@@ -163,15 +164,16 @@ def check_requirements_file(code_dir, requirements, path, field):
 def check_instance_groups(groups, hosts, path):
     """resourceconfig.json's instance_groups: named groups of known hosts."""
     require(isinstance(groups, list), "must be a list", path, "instance_groups")
+    known = set(hosts)  # a list would make this hosts x hosts: seconds at 16,384
     for i, group in enumerate(groups):
         require(isinstance(group, dict) and isinstance(group.get("instance_group_name"), str)
                 and isinstance(group.get("hosts"), list),
                 "each entry needs instance_group_name and hosts", path, "instance_groups[%d]" % i)
         check_text(group["instance_group_name"], path,
                    "instance_groups[%d].instance_group_name" % i)
-        require(all(isinstance(h, str) and h in hosts for h in group["hosts"]),
-                "every host must be one of hosts %s" % hosts, path,
-                "instance_groups[%d].hosts" % i)
+        unknown = [h for h in group["hosts"] if not isinstance(h, str) or h not in known]
+        require(not unknown, "names %s, not one of hosts %s" % (shown(unknown), shown(hosts)),
+                path, "instance_groups[%d].hosts" % i)
 
 
 def check_distribution_groups(dist_groups, groups_dict, rc_file, hp_file):
