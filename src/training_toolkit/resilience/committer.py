@@ -60,6 +60,9 @@ class Committer:
         self.layout = layout
         self.host = host
         self.hosts = tuple(hosts)
+        # what a report's host is checked against: a tuple would cost the
+        # master 1.9 s a unit at 16,384 hosts (each report searched it)
+        self._known = frozenset(self.hosts)
         self.is_master = host == self.hosts[0]
         self.alone = len(self.hosts) == 1
         self.wake = wake
@@ -176,7 +179,7 @@ class Committer:
         the control link (the worker writes the same to S3). A report that
         does not hold together is left out: the part is read from S3."""
         unit, host, objects = message["unit"], message["host"], message["objects"]
-        if host not in self.hosts or host == self.host or message["state"] not in (
+        if host not in self._known or host == self.host or message["state"] not in (
                 "writing", "durable") or "/" in unit or unit in ("", ".", "..", RESERVED):
             return
         part = {}
