@@ -279,7 +279,11 @@ class Supervisor:
         if proc is None and terminate is None:
             return True  # start() stops the new tree as soon as it exists
         if terminate is not None:
-            terminate(sig)
+            # In a thread of its own, as dump_stacks: a signal handler calls
+            # this, and the hook's broadcast takes each link's lock, which the
+            # interrupted main thread (or a handler it is in) may hold.
+            threading.Thread(target=terminate, args=(sig,), name="stop-everywhere",
+                             daemon=True).start()
         else:
             self.stop(sig, self.stop_window())
         return True
