@@ -94,7 +94,9 @@ def test_sigterm_on_every_host_ends_in_a_durable_checkpoint(tmp_path, s3_server,
     with ClusterJob(tmp_path, 2, {"train.py": SCRIPT},
                     distributed=Torchrun(process_count_per_node=2)) as job:
         gateway, lport = job.cluster.expose(port)
-        job.start(STOP_MODE=mode, SM_TERMINATION_GRACE_SECONDS=10,
+        # The grace bounds the save and its upload: 4 ranks of torch, with 2
+        # loader workers each, on 2 cores took past 10 s once, under load.
+        job.start(STOP_MODE=mode, SM_TERMINATION_GRACE_SECONDS=30,
                   S3_ENDPOINT_URL="http://%s:%d" % (gateway, lport),
                   TRAINING_TOOLKIT_CHECKPOINT_S3_URI="s3://%s/run" % bucket,
                   TRAINING_TOOLKIT_CHECKPOINT_COMPLETE="COMPLETE",

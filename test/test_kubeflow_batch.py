@@ -41,9 +41,13 @@ def record(event=None):
     info = {k: os.environ.get(k) for k in keys}
     info.update(signals=seen + ([event] if event else []), cwd=os.getcwd())
     path = os.path.join(out, "%s.json" % os.environ.get("RANK", "0"))
-    with open(path + ".tmp", "w") as f:
+    # The test reads it while ranks run: never half-written. The temporary
+    # file is this process's own: where no runner sets RANK, every node
+    # writes 0.json, and two nodes may write it at once.
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    with open(tmp, "w") as f:
         json.dump(info, f)
-    os.replace(path + ".tmp", path)  # the test reads it while ranks run: never half-written
+    os.replace(tmp, path)
 mode = sys.argv[2] if len(sys.argv) > 2 else "reduce"
 if mode == "reduce":
     import torch, torch.distributed as dist
