@@ -48,6 +48,35 @@ def test_exit_code_lists(text, codes):
     assert parse_codes(restarts.compact(codes)) == codes
 
 
+def test_an_attempt_without_a_heartbeat_in_a_job_that_showed_one_made_no_progress(tmp_path):
+    """A requeued `train` whose rank was stopped before its first heartbeat
+    (another host failed first): the streak goes on, it does not reset."""
+    paths = JobPaths(str(tmp_path / "ml"))
+    ckpt = str(tmp_path / "ckpt")
+    os.makedirs(ckpt)
+    s = settings(TRAINING_TOOLKIT_RESTARTS="1", TRAINING_TOOLKIT_MAX_NO_PROGRESS_RESTARTS="2")
+
+    def one_train(step):
+        heartbeat = paths.heartbeat_file(0)
+        if os.path.exists(heartbeat):
+            os.remove(heartbeat)  # each requeue's job tree starts without one
+        attempts = Attempts(paths, {}, "algo-1", ckpt, True, "job-a")
+        attempts.begin()
+        if step is not None:
+            os.makedirs(os.path.dirname(heartbeat), exist_ok=True)
+            with open(heartbeat, "w") as f:
+                f.write("step=%d\n" % step)
+        failure = attempts.end(85, "failure")
+        d = decide(s, failure, attempts.history())
+        attempts.decided(d)
+        return failure, d
+
+    assert one_train(5)[0]["progress"] is True
+    assert one_train(5)[0]["progress"] is False
+    failure, d = one_train(None)
+    assert failure["progress"] is False and d.no_progress == 2 and d.exit_code == 93
+
+
 @pytest.mark.parametrize("variable, value", [
     ("RESTARTS", "-1"), ("RESTARTS", "two"), ("RESTART_BACKOFF_S", "-5"),
     ("RESTART_BACKOFF_S", "301"), ("RESTART_WINDOW_S", "0"),

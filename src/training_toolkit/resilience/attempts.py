@@ -118,6 +118,11 @@ class Attempts:
             progress = bool((step is not None and (self.best_step is None
                                                    or step > self.best_step))
                             or (ckpt is not None and ckpt != self._start_ckpt))
+        elif self.best_step is not None:
+            # The job has shown its step before: an attempt whose ranks were
+            # stopped before their first heartbeat made none. Only a job
+            # that never shows one has no measure.
+            progress = False
         if step is not None:
             self.best_step = step if self.best_step is None else max(step, self.best_step)
         failed_at = failed_at or now
