@@ -15,13 +15,21 @@ from .. import params
 # bridge takes 1,024 ports). The hosts are its first addresses, the gateway
 # (the bridge namespace) its last before the broadcast: .254 in a /24.
 SUBNET_PREFIXES = (24, 22)
-MAX_HOSTS = 2 ** (32 - SUBNET_PREFIXES[-1]) - 3  # less the network, gateway and broadcast
+
+
+def hosts_in(prefix):
+    """How many hosts a subnet of ``prefix`` holds: its addresses less the
+    network, the gateway and the broadcast."""
+    return 2 ** (32 - prefix) - 3
+
+
+MAX_HOSTS = hosts_in(SUBNET_PREFIXES[-1])
 
 
 def subnet_prefix(n):
     """The prefix length of the subnet that holds ``n`` hosts and the gateway."""
     for prefix in SUBNET_PREFIXES:
-        if 1 <= n <= 2 ** (32 - prefix) - 3:  # as MAX_HOSTS
+        if 1 <= n <= hosts_in(prefix):
             return prefix
     raise ValueError("a simulated cluster has 1..%d hosts, not %d" % (MAX_HOSTS, n))
 
