@@ -47,10 +47,13 @@ setup(
     # pyproject.toml; test/test_architecture.py), 2.17 for its acyclic_siblings contract, which
     # needs Python 3.11 (that test skips on older Pythons); wheel: the install tests build a
     # user's package offline without build isolation, where a venv's own setuptools (65 in
-    # Python 3.11's ensurepip) has no bdist_wheel without it.
+    # Python 3.11's ensurepip) has no bdist_wheel without it; pytest-xdist: CI runs the suite
+    # as two streams, one per core (`-n 2 --dist loadgroup`, test/conftest.py), a third
+    # less time than one.
     extras_require={"test": ["pytest>=8.2", "moto[server]", "hypothesis", "numpy", "mpi4py",
                              "psutil", "six", "scipy", "protobuf", "pytest-timeout>=2.1",
-                             "import-linter>=2.17; python_version >= '3.11'", "wheel"],
+                             "import-linter>=2.17; python_version >= '3.11'", "wheel",
+                             "pytest-xdist>=3.5"],
                     # recordio-protobuf only (record_pb2's messages, used by recordio and
                     # encoders.array_to_recordio_protobuf, imported only then): the Record
                     # classes are protobuf's own; the reference depends on protobuf too.

@@ -69,7 +69,37 @@ def _is_bounded_module(path):
     return _bounded_modules[path]
 
 
+# CI runs the suite as two streams, one per core (`pytest -n 2 --dist
+# loadgroup`, .ci/run): the modules of BESIDE on one pytest-xdist worker at
+# nice BESIDE_NICE, every other on the other at the usual priority. BESIDE holds
+# what spends its time in pip, podman, Slurm's daemons and S3 round trips; the
+# other stream holds the tests that time hangs, grace periods and restarts,
+# and the nice level gives them the CPU first when both streams want it.
+BESIDE = frozenset((
+    "test_checkpoint_edges", "test_checkpoint_orchestrators", "test_checkpoints",
+    "test_containers", "test_dlc_install", "test_images_sdk_drivers", "test_local_job_venv",
+    "test_orchestrated_images", "test_readme_fresh_machine", "test_reference_compat_install",
+    "test_restart_orchestrators", "test_roster", "test_sdk_local_mode", "test_slurm"))
+BESIDE_NICE = 10
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the group marks
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        for item in items:
+            module = getattr(item, "module", None)
+            name = getattr(module, "__name__", "").rpartition(".")[2]
+            item.add_marker(pytest.mark.xdist_group("beside" if name in BESIDE else "main"))
+    _bound(config, items)
+
+
+def pytest_runtest_setup(item):
+    mark = item.get_closest_marker("xdist_group")
+    if mark and mark.args == ("beside",) and os.getpriority(os.PRIO_PROCESS, 0) < BESIDE_NICE:
+        os.setpriority(os.PRIO_PROCESS, 0, BESIDE_NICE)
+
+
+def _bound(config, items):
     seconds = float(config.getini(TIMEOUT_INI) or 0)
     if seconds <= 0:
         return

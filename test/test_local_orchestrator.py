@@ -297,7 +297,10 @@ class Rehearsal:
         self.results = {m[0]: int(m[3]) if m[3] else m[2] for m in RESULT.findall(self.err)}
         d = os.path.join(code_dir, "seen")
         self.seen = []
+        # A script the job's end stopped while it wrote leaves its .json.tmp behind.
         for name in sorted(os.listdir(d)) if os.path.isdir(d) else ():
+            if not name.endswith(".json"):
+                continue
             with open(os.path.join(d, name)) as f:
                 self.seen.append(json.load(f))
         m = re.search(r"\(namespaces (ttsc-[0-9a-f]{8})-\*\)", self.err)
