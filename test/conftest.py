@@ -75,11 +75,13 @@ def _is_bounded_module(path):
 # what spends its time in pip, podman, Slurm's daemons and S3 round trips; the
 # other stream holds the tests that time hangs, grace periods and restarts,
 # and the nice level gives them the CPU first when both streams want it.
+# test_simcluster is here because it checks that the root network namespace
+# gains no link, which podman's networks would break from the other stream.
 BESIDE = frozenset((
-    "test_checkpoint_edges", "test_checkpoint_orchestrators", "test_checkpoints",
-    "test_containers", "test_dlc_install", "test_images_sdk_drivers", "test_local_job_venv",
-    "test_orchestrated_images", "test_readme_fresh_machine", "test_reference_compat_install",
-    "test_restart_orchestrators", "test_roster", "test_sdk_local_mode", "test_slurm"))
+    "test_checkpoint_edges", "test_checkpoints", "test_containers", "test_dlc_install",
+    "test_images_sdk_drivers", "test_local_job_venv", "test_orchestrated_images",
+    "test_readme_fresh_machine", "test_reference_compat_install", "test_restart_orchestrators",
+    "test_roster", "test_sdk_local_mode", "test_sdk_v3_jobs", "test_simcluster", "test_slurm"))
 BESIDE_NICE = 10
 
 
