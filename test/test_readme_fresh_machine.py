@@ -76,6 +76,14 @@ def test_the_light_tests_are_there():
             assert os.path.isfile(os.path.join(ROOT, line)), line
 
 
+def test_the_modules_of_the_beside_stream_are_there():
+    """A misspelt name in conftest's BESIDE would run its module in the main stream."""
+    from conftest import BESIDE
+
+    for name in BESIDE:
+        assert os.path.isfile(os.path.join(ROOT, "test", name + ".py")), name
+
+
 @pytest.fixture(scope="module")
 def engine():
     try:
