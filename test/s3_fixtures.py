@@ -269,7 +269,8 @@ class FaultyProxy:
             return
         peer = {client: upstream, upstream: client}
         sent_back = 0
-        with selectors.DefaultSelector() as selector, contextlib.suppress(OSError):
+        # ValueError: close() closed a socket (its fd now -1) before this thread registered it.
+        with selectors.DefaultSelector() as selector, contextlib.suppress(OSError, ValueError):
             for sock in peer:
                 selector.register(sock, selectors.EVENT_READ)
             while selector.get_map():
