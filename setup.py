@@ -48,7 +48,7 @@ setup(
     # needs Python 3.11 (that test skips on older Pythons); wheel: the install tests build a
     # user's package offline without build isolation, where a venv's own setuptools (65 in
     # Python 3.11's ensurepip) has no bdist_wheel without it; pytest-xdist: CI runs the suite
-    # as two streams, one per core (`-n 2 --dist loadgroup`, test/conftest.py), a third
+    # as two streams, one per core (`-n 2 --dist loadgroup`, test/conftest.py), in a quarter
     # less time than one.
     extras_require={"test": ["pytest>=8.2", "moto[server]", "hypothesis", "numpy", "mpi4py",
                              "psutil", "six", "scipy", "protobuf", "pytest-timeout>=2.1",
