@@ -45,6 +45,9 @@ class Ledger:
         cluster/between_attempts.py)."""
         self.rank_hosts = {}     # rank -> host
         self.exits = []          # RankExit, as reported
+        # Kept as they come: a waiter woken by each of 100,000 exits counts them at once.
+        self._exited = set()     # the ranks of `exits`
+        self._exit_failed = False  # one of `exits` is not 0
         self.tails = {}          # rank -> end of its stderr, as reported
         self.host_failures = {}  # worker host -> exit code of its local launcher
         self.lost = []           # LostWorker
@@ -52,14 +55,14 @@ class Ledger:
         self.hangs = []          # watchdog.Hang, in the order the wrappers reported them
         self.on_hang = None      # called with the first Hang
         self.stacks = {}         # host -> {rank: stack summary}, as its `train` sent them
+        self._signatures = {}    # every distinct signature of `stacks`, once
         self.rule_events = []    # the log rules' transitions on every rank, as reported
         self.decided = False     # the verdict went out; later losses are goodbyes
         self._failed = False
 
     def rank_started(self, rank, host):
-        with self._cond:
+        with self._cond:  # no one waits for starts: no waiter woken
             self.rank_hosts[rank] = host
-            self._entered()
 
     def rank_hung(self, hang):
         """A rank wrapper's watchdog found its rank hung."""
@@ -81,7 +84,7 @@ class Ledger:
         `signatures` (stacks.shared_signatures) or, without them, given in
         full. Its frames are interned: the ranks of a job wait in the same
         few places, so thousands of hosts' summaries share their strings
-        (16,384 hosts' took 1.8 GB apart)."""
+        and lists (16,384 hosts' took 1.8 GB apart)."""
         from ..resilience.stacks import with_signatures
 
         if not isinstance(signatures, list):  # each summary with its own frames
@@ -91,7 +94,7 @@ class Ledger:
                 if isinstance(frames, list):
                     summary["signature"] = len(signatures)
                     signatures.append(frames)
-        ranks = with_signatures(ranks, signatures)
+        ranks = with_signatures(ranks, signatures, self._signatures)
         with self._cond:
             self.stacks[host] = ranks
             self._cond.notify_all()
@@ -111,6 +114,8 @@ class Ledger:
         notice that comes after the report never replaces its tail."""
         with self._cond:
             self.exits.append(RankExit(time.monotonic(), rank, host, exit_code))
+            self._exited.add(rank)
+            self._exit_failed = self._exit_failed or exit_code != 0
             if stderr_tail or rank not in self.tails:
                 self.tails[rank] = stderr_tail
             first = self._entered(Failure(rank, host, exit_code) if exit_code != 0 else None)
@@ -154,7 +159,8 @@ class Ledger:
 
     def exited_ranks(self):
         """The ranks that reported their exit."""
-        return {e.rank for e in self.exits}
+        with self._cond:
+            return set(self._exited)
 
     def was_lost(self, host):
         return any(w.host == host for w in self.lost)
@@ -163,8 +169,7 @@ class Ledger:
         """Wait until `count` ranks reported their exit (or, unless
         `every`, a failure)."""
         with self._cond:
-            while len(self.exited_ranks()) < count and (every or not any(
-                    e.exit_code for e in self.exits)):
+            while len(self._exited) < count and (every or not self._exit_failed):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False

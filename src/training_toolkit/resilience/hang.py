@@ -174,7 +174,18 @@ def odd_rank(summaries):
     """The rank whose stack differs from every other rank's, or None."""
     from .stacks import odd_one_out
 
-    return odd_one_out({r: tuple(s.get("signature") or ()) for r, s in summaries.items()})
+    # Ranks share their signature's list (stacks.with_signatures): each list
+    # made a tuple once, not once a rank.
+    tuples = {}
+
+    def signature(summary):
+        frames = summary.get("signature") or ()
+        key = tuples.get(id(frames))
+        if key is None:
+            key = tuples[id(frames)] = tuple(frames)
+        return key
+
+    return odd_one_out({r: signature(s) for r, s in summaries.items()})
 
 
 # Functions a rank waits in when it waits for its peers (torch.distributed's

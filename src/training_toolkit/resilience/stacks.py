@@ -136,13 +136,17 @@ def shared_signatures(summaries):
     return out, table
 
 
-def with_signatures(summaries, table):
+def with_signatures(summaries, table, interned=None):
     """shared_signatures undone, on the master: each summary's signature
     the frames it names (one list for the ranks that share it; its strings
-    interned, so thousands of hosts' summaries share them too); an index
-    that names none gives an empty signature."""
+    interned, so thousands of hosts' summaries share them too, and with
+    `interned`, a dict kept across hosts, the lists too: a job's 100,000
+    ranks wait in a few places); an index that names none gives an empty
+    signature."""
     table = [[sys.intern(f) for f in frames if isinstance(f, str)]
              if isinstance(frames, list) else [] for frames in table]
+    if interned is not None:
+        table = [interned.setdefault(tuple(frames), frames) for frames in table]
     for s in summaries.values():
         if isinstance(s, dict) and "signature" in s:
             at = s["signature"]
