@@ -6,14 +6,19 @@ runner, with its one real rank (rank 0: a script that rewrites its heartbeat fil
 0.5 s until it is stopped, and ends at once with 0 in a restart's second attempt), its
 control port, its key, the wire, its hang watchdog and its restart loop. What is simulated:
 the other N-1 hosts, with 8 ranks each (host algo-(i+1) runs ranks 8i .. 8i+7). Swarm
-processes hold them, a thread per host, each speaking the real protocol with the project's
-own worker-side code: control.WorkerLink, authenticated with the job's key derived from the
-same config, and for a restart rejoin.rejoin_worker over the host's link, as a worker's
-`train` rejoins over the link it kept. A host
-connects (retrying while the master starts), says hello, reports its 8 ranks' starts over
-its link, and follows the master as JobWorker does: its ranks' stacks on a `dump`, then the
-abort, then the verdict. A `recorded` acknowledgement of a rank's exit on the link is taken
-in stride (its time is kept).
+processes hold them (--procs, 8 by default), each process its share of the hosts in one
+selectors loop, as the master holds its links, each host a connection speaking the real
+protocol: the project's wire.Stream (the job's key derived from the same config, its MACs
+and sequence numbers), the hello WorkerLink.connect sends (worker_link.hello_message), and for
+a restart the `rejoin` over the host's link and the `go` that answers it as
+rejoin.rejoin_worker tells it (rejoin.answers), as a worker's `train` rejoins over the link
+it kept. A host connects (retrying while the master starts, each try's handshake within
+worker_link.handshake_s, as WorkerLink.connect does), says hello, reports its 8 ranks'
+starts over its link, and follows the master as JobWorker does: its ranks' stacks on a
+`dump`, then the abort, then the verdict. A `recorded` acknowledgement of a rank's exit on
+the link is taken in stride (its time is kept). (A thread per host, each in WorkerLink
+itself, was the swarm before: at 16,384 hosts its threads took 34 s of CPU from the two
+cores the master runs on, where this loop takes a few.)
 
 Scenarios (--scenarios; a master run each, per N). Every run also measures its start: the
 master's `train` started -> every simulated worker welcomed; and its join: the first
@@ -40,9 +45,10 @@ each host retries as WorkerLink does: with full jitter, capped at control.connec
              link as a worker's `train` does (rejoin.rejoin_worker). Measured: the
              failure's report -> every simulated host has the verdict, and -> every
              simulated host has its `go` ("restart go", the backoff included). Then the
-             second attempt runs to its end on the same links: every host reports its
-             ranks' starts and their exits (0); the master's rank exits 0. Checked: the
-             master and every host's verdict say 0.
+             second attempt runs to its end on the same links: RANK_LAUNCH_S (1 s, a
+             rank's launch) after its go, every host reports its ranks' starts and their
+             exits (0); the master's rank exits 0. Checked: the master and every host's
+             verdict say 0.
 
 Per run also: the master's peak RSS (VmHWM), its threads at the end of the start, its CPU
 seconds (its rank's included), the swarm's CPU seconds (the swarm shares the machine's CPUs
@@ -97,18 +103,17 @@ does and they inherit):
   * ephemeral ports: net.ipv4.ip_local_port_range wider than N plus the connections in
     TIME_WAIT from the run before (a host's link lasts the whole run, the restart
     included; net.ipv4.tcp_tw_reuse=2, the default, reuses them on loopback);
-  * threads: the master holds a few (one loop serves every connection) and the swarm a
-    thread per host, so kernel.pid_max and kernel.threads-max over N (pid_max is
-    32768 on many machines: 16,384 hosts need it raised), and memory for them (the swarm's
-    threads have 512 KiB stacks). At large N the swarm uses more processes: at most
-    THREADS_PER_SWARM_PROCESS hosts each.
+  * threads: the master holds a few (one loop serves every connection), the swarm one a
+    process, and the TCPStore side a thread per client, so kernel.pid_max and
+    kernel.threads-max over N for it (pid_max is 32768 on many machines: 16,384 hosts need
+    it raised), and memory for them (its threads have 512 KiB stacks).
 
-What the job allows: the master's `train` refuses a job of more than about 2,200 hosts
-named algo-N (exit 78, before it listens): the user's process would get SM_TRAINING_ENV
-(the SageMaker contract's one variable with the whole environment) at about 58 bytes a host,
-the host list in it several times over, past Linux's 128 KiB for one environment string
-(MAX_ARG_STRLEN; job/checks.py `check_exec_limits`). At 4,096 hosts and more ours is then
-that refusal, with the master's own words in the run's JSON line; TCPStore runs regardless.
+What the job meets at this size: from about 2,200 hosts named algo-N, the variables that
+hold the host list (SM_HOSTS, SM_RESOURCE_CONFIG, SM_TRAINING_ENV: the SageMaker contract's
+one variable with the whole environment, the list in it several times over) would be over
+Linux's 128 KiB for one environment string (MAX_ARG_STRLEN): the master's `train` gives its
+processes SM_HOSTS_FILE (and the others' _FILE) instead, each naming a file that holds the
+value, and logs so (job/checks.py `check_exec_limits`).
 
     python3 bench/bench_scale.py [--hosts 256,1024] [--procs 8] [--no-tcpstore]
         [--scenarios start,fail-fast,hang,restart] [--hang-timeout 5] [--json FILE]
@@ -120,11 +125,14 @@ bench/scale_chart.py draws), then the tables. Times are measured, never asserted
 import argparse
 import collections
 import datetime
+import errno
+import heapq
+import itertools
 import json
-import math
 import multiprocessing
 import os
 import resource
+import selectors
 import socket
 import subprocess
 import sys
@@ -133,9 +141,8 @@ import time
 
 import common
 
-from training_toolkit import params
-from training_toolkit.cluster import control, coordination, rejoin, wire
-from training_toolkit.errors import ClusterError
+from training_toolkit import backoff, params
+from training_toolkit.cluster import control, coordination, rejoin, wire, worker_link
 from training_toolkit.job.paths import JobPaths
 from training_toolkit.rehearsal.jobtree import write_job_tree
 
@@ -146,8 +153,11 @@ SCENARIOS = ("start", "fail-fast", "hang", "restart")
 RANKS_PER_HOST = 8
 STACK_FRAMES = 150
 RESTART_BACKOFF_S = 0.2
-THREADS_PER_SWARM_PROCESS = 1024
-# 16,384 threads at Python's default 8 MiB of stack would reserve 128 GiB of address space.
+# From a host's `go` to its ranks' first reports of the next attempt: a rank's launch (its
+# launcher, its interpreter, the script's imports; torch's import alone takes 3.5 s here).
+RANK_LAUNCH_S = 1.0
+# TCPStore's clients, a thread each: 16,384 threads at Python's default 8 MiB of stack would
+# reserve 128 GiB of address space.
 THREAD_STACK_BYTES = 512 * 1024
 CONNECT_DEADLINE_S = 300.0
 RUN_DEADLINE_S = 600.0
@@ -213,93 +223,190 @@ def raise_fd_limit():
 SwarmPlan = collections.namedtuple(
     "SwarmPlan", "scenario hosts key trigger joined stop hang_timeout_s")
 
-
-def connect_error_kind(error):
-    if isinstance(error, ConnectionRefusedError):
-        return "refused"
-    if isinstance(error, (ConnectionResetError, BrokenPipeError)):
-        return "reset"
-    if isinstance(error, (socket.timeout, TimeoutError)):
-        return "timeout"
-    # The master closed the connection before its greeting (over MAX_UNAUTHENTICATED).
-    return "closed" if isinstance(error, ConnectionError) else "other"
+CONNECT_ERRORS = {errno.ECONNREFUSED: "refused", errno.ECONNRESET: "reset",
+                  errno.EPIPE: "reset", errno.ETIMEDOUT: "timeout"}
+READ_SIZE = 256 * 1024
+# How often a swarm process looks at the plan's trigger and stop (multiprocessing events).
+POLL_S = 0.005
 
 
 class SimulatedHost:
-    """One simulated worker host: what its `train` and its 8 ranks' wrappers say to the
-    master, over its link; `record` holds when each thing happened (wall clock) and the
-    failed connects by kind."""
+    """One simulated worker host in its swarm process's loop: what its `train` and its 8
+    ranks' wrappers say to the master, over its link, step by step as the master's lines
+    arrive; `record` holds when each thing happened (wall clock) and the failed connects by
+    kind. `state`: connecting, greeting (the master's first line), welcome (the hello
+    sent), following (the master's messages until the verdict), rejoining (a restart's
+    `rejoin` sent), done."""
 
-    def __init__(self, plan, index):
-        self.plan = plan
-        self.name = plan.hosts[index]
+    def __init__(self, swarm, index):
+        self.swarm = swarm
+        self.plan = swarm.plan
+        self.name = self.plan.hosts[index]
         self.ranks = host_ranks(index)
-        self.faulty = index == len(plan.hosts) - 1  # its last rank fails, or falls silent
+        self.faulty = index == len(self.plan.hosts) - 1  # its last rank fails, or falls silent
         self.errors = collections.Counter()
         self.record = {"host": self.name, "errors": self.errors}
-        # WorkerLink.connect keeps its last error on the class, which the threads of a
-        # swarm process share: each host connects through a subclass of its own.
-        self.link_class = type("HostLink", (control.WorkerLink,), {})
+        self.retries = backoff.delays(0.05, control.connect_cap_s(len(self.plan.hosts)),
+                                      jitter=True)
+        self.sock = self.stream = None
+        self.pending = bytearray()
+        self.state = "connecting"
+        self.tries = 0  # tells a try's handshake deadline from a later try's
+        self.attempt = "first"
+        self.stacks_line = None  # the answer to a dump, made before it comes (`triggered`)
 
-    def live(self):
-        link = self.join("welcomed")
-        if link is None:
+    # -- connecting, as WorkerLink.connect does, one try at a time -------------------
+
+    def try_connect(self):
+        if self.plan.stop.is_set() or time.monotonic() > self.swarm.connect_deadline:
+            self.record["not_joined"] = "no welcome within %d s" % CONNECT_DEADLINE_S
+            self.finish()
             return
+        self.tries += 1
+        self.state = "connecting"
+        self.pending.clear()
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setblocking(False)
+        error = self.sock.connect_ex((MASTER_ADDRESS, PORT))
+        if error not in (0, errno.EINPROGRESS):
+            self.failed(CONNECT_ERRORS.get(error, "other"))
+            return
+        self.swarm.selector.register(self.sock, selectors.EVENT_WRITE, self)
+        tries = self.tries
+        self.swarm.after(worker_link.handshake_s(len(self.plan.hosts)),
+                         lambda: self.tries == tries and self.state in (
+                             "connecting", "greeting", "welcome") and self.failed("timeout"))
+
+    def connected(self):
+        error = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if error:
+            self.failed(CONNECT_ERRORS.get(error, "other"))
+            return
+        self.stream = wire.Stream(self.sock, self.plan.key, wire.TO_MASTER, wire.TO_WORKER,
+                                  wire.nonce(), framed=False)
+        self.state = "greeting"
+        self.swarm.selector.modify(self.sock, selectors.EVENT_READ, self)
+
+    def failed(self, kind):
+        """This try failed (`kind`, counted); the next one after a jittered wait."""
+        self.errors[kind] += 1
+        self.drop_socket()
+        self.swarm.after(next(self.retries), self.try_connect)
+
+    def drop_socket(self):
+        if self.sock is not None:
+            try:
+                self.swarm.selector.unregister(self.sock)
+            except (KeyError, ValueError):
+                pass
+            self.sock.close()
+            self.sock = self.stream = None
+
+    # -- the loop's calls ----------------------------------------------------------
+
+    def writable(self):
+        if self.state == "connecting":
+            self.connected()
+        else:
+            self.flush()
+
+    def readable(self):
+        try:
+            data = self.sock.recv(READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.ended()
+            return
+        self.pending += data
+        start = 0
+        while self.sock is not None:
+            end = self.pending.find(b"\n", start)
+            if end < 0:
+                break
+            line, start = bytes(self.pending[start:end + 1]), end + 1
+            self.line(line)
+        if self.sock is not None:
+            del self.pending[:start]
+
+    def ended(self):
+        """The master closed the link: before the welcome, a try that failed (as Refused);
+        after it, the end of this host (a link that closed before the verdict)."""
+        if self.state in ("connecting", "greeting", "welcome"):
+            self.failed("closed")
+            return
+        if self.state == "rejoining":
+            self.record["not_rejoined"] = "the master closed the link"
+        else:
+            self.errors["closed"] += 1
+        self.finish()
+
+    def line(self, line):
+        if self.state == "greeting":
+            words = line.split()
+            if len(words) != 2 or words[0] != wire.GREETING:
+                self.failed("other")
+                return
+            self.stream.peer_nonce = words[1]
+            self.state = "welcome"
+            self.send(worker_link.hello_message(self.stream, self.name))
+            return
+        try:
+            message = self.stream.take(line)
+        except wire.Rejected:
+            if self.state == "welcome":  # the master hung up on the hello (control.Refused)
+                self.failed("closed")
+            return
+        if self.state == "welcome":
+            self.welcomed(message)
+        elif self.state == "rejoining":
+            self.rejoin_answer(message)
+        else:
+            self.follow(message)
+
+    # -- the job, as a worker's `train` and its ranks' wrappers go through it -------
+
+    def welcomed(self, message):
+        if message.get("type") == "replaced":
+            self.record["not_joined"] = str(worker_link.WorkerLink.replaced(self.name, message))
+            self.finish()
+            return
+        self.record["welcomed"] = time.time()
+        self.state = "following"
         with self.plan.joined.get_lock():
             self.plan.joined.value += 1
-        if self.faulty and self.plan.scenario in ("fail-fast", "restart"):
-            self.plan.trigger.wait()
-            self.record["failed_at"] = time.time()
-            link.send({"type": "rank_exit", "rank": self.ranks[-1], "host": self.name,
-                       "exit_code": 3})
-        elif self.faulty and self.plan.scenario == "hang":
-            self.plan.trigger.wait()
-            self.go_silent(link)
-        verdict = self.follow(link, "first")
-        next_attempt = (verdict or {}).get("next") or {}
-        if self.plan.scenario == "restart" and next_attempt.get("restart"):
-            self.restart(next_attempt, link)
-        else:
-            link.close()
+        self.report_starts()
 
-    def join(self, stage):
-        """Connect, and report this host's ranks' starts; the link, or None."""
-        link = self.connect()
-        if link is None:
-            self.record["not_joined"] = str(self.link_class.last_error)
-            return None
-        self.record[stage] = time.time()
+    def report_starts(self):
         for rank in self.ranks:
-            link.send({"type": "rank_start", "rank": rank, "host": self.name,
+            self.send({"type": "rank_start", "rank": rank, "host": self.name,
                        "pid": os.getpid()})
-        return link
 
-    def connect(self):
-        """WorkerLink.connect, one try at a time at the pace it retries at itself, so that
-        each failed try is counted by its kind; None once CONNECT_DEADLINE_S passed or the
-        master is gone."""
-        for _ in control.connect_attempts(time.monotonic() + CONNECT_DEADLINE_S,
-                                          len(self.plan.hosts)):
-            if self.plan.stop.is_set():
-                break
-            try:
-                link = self.link_class.connect(MASTER_ADDRESS, PORT, self.name, self.plan.key,
-                                               time.monotonic(), hosts=len(self.plan.hosts))
-            except control.Refused:
-                self.errors["closed"] += 1
-                continue
-            if link is not None:
-                return link
-            self.errors[connect_error_kind(self.link_class.last_error)] += 1
-        return None
+    def triggered(self):
+        """The failure, or the silence, of this host's last rank (on the faulty host); on
+        every host in a hang, its answer to the dump to come made now, while the rank is
+        silent: each host of a cluster makes its own at once, where the swarm's would take
+        its processes 2 s of the two cores at 16,384 hosts, the master's too."""
+        if self.faulty and self.state == "following":
+            if self.plan.scenario in ("fail-fast", "restart"):
+                self.record["failed_at"] = time.time()
+                self.send({"type": "rank_exit", "rank": self.ranks[-1], "host": self.name,
+                           "exit_code": 3})
+            elif self.plan.scenario == "hang":
+                self.go_silent()
+        if self.plan.scenario == "hang":
+            self.stacks_line = wire.body_of(self.stacks())
 
-    def go_silent(self, link):
+    def go_silent(self):
         """The last rank falls silent now; its wrapper's watchdog reports it T s later."""
         silent_at = self.record["silent_at"] = time.time()
-        time.sleep(self.plan.hang_timeout_s)
-        link.send({"type": "hang", "rank": self.ranks[-1], "host": self.name, "phase": "train",
-                   "silent_s": round(time.time() - silent_at, 2), "reason": "no progress",
-                   "detected_at": time.time(), "timeout_s": self.plan.hang_timeout_s})
+        self.swarm.after(self.plan.hang_timeout_s, lambda: self.state == "following" and (
+            self.send({"type": "hang", "rank": self.ranks[-1], "host": self.name,
+                       "phase": "train", "silent_s": round(time.time() - silent_at, 2),
+                       "reason": "no progress", "detected_at": time.time(),
+                       "timeout_s": self.plan.hang_timeout_s})))
 
     def stacks(self):
         """The answer to a `dump`, as JobWorker._dump sends it (coordination.stacks_reply):
@@ -314,75 +421,146 @@ class SimulatedHost:
             for rank in self.ranks}
         return coordination.stacks_reply(self.name, summaries)
 
-    def follow(self, link, attempt):
-        """Follow the master until its verdict (returned), as JobWorker does; None if the
-        link closed first (the link stays open: a restart goes on over it). Recorded:
+    def follow(self, message):
+        """The master's messages until its verdict, as JobWorker takes them. Recorded:
         `<attempt>_abort` (the first abort or verdict), `<attempt>_verdict_at` and the
         verdict's exit code, rank and host."""
-        while True:
-            message = link.receive()
-            if message is None:
-                self.errors["closed"] += 1
-                return None
-            kind = message.get("type")
-            if kind == "recorded":
-                self.record.setdefault("recorded", time.time())
-            elif kind == "dump" and not message.get("on_demand"):
-                link.send(self.stacks())
-            elif kind in ("abort", "verdict"):
-                self.record.setdefault(attempt + "_abort", time.time())
-                if kind == "verdict":
-                    self.record[attempt + "_verdict_at"] = time.time()
-                    self.record[attempt + "_verdict"] = {
-                        k: message.get(k) for k in ("exit_code", "rank", "host")}
-                    return message
+        kind = message.get("type")
+        if kind == "recorded":
+            self.record.setdefault("recorded", time.time())
+        elif kind == "dump" and not message.get("on_demand"):
+            self.send(self.stacks_line or self.stacks())
+        elif kind in ("abort", "verdict"):
+            self.record.setdefault(self.attempt + "_abort", time.time())
+            if kind != "verdict":
+                return
+            self.record[self.attempt + "_verdict_at"] = time.time()
+            self.record[self.attempt + "_verdict"] = {
+                k: message.get(k) for k in ("exit_code", "rank", "host")}
+            decision = message.get("next") or {}
+            if self.attempt == "first" and self.plan.scenario == "restart" and \
+                    decision.get("restart"):
+                self.swarm.after(decision["backoff_s"], lambda: self.rejoin(decision))
+            else:
+                self.finish()
 
-    def restart(self, decision, link):
-        """As a worker's `train` after a failed attempt: the backoff, the rejoin over the
-        attempt's link (rejoin.rejoin_worker, as rejoin.rejoin does with the link a
-        worker's `train` kept), then the next attempt on the link the go came on, whose
-        ranks all end with 0."""
-        time.sleep(decision["backoff_s"])
-        try:
-            _, go_link = rejoin.rejoin_worker(
-                MASTER_ADDRESS, PORT, self.name, self.plan.key, decision["attempt"], 0,
-                time.monotonic() + rejoin.rejoin_s(len(self.plan.hosts)), len(self.plan.hosts),
-                link)
-        except ClusterError as e:
-            self.record["not_rejoined"] = str(e)
-            link.close()
+    def rejoin(self, decision):
+        """As a worker's `train` after a failed attempt, once the backoff is over: back
+        over the attempt's link (rejoin.rejoin_worker's `rejoin`), its `go` awaited on it
+        for at most rejoin.rejoin_s."""
+        if self.sock is None:
             return
-        self.record["go"] = time.time()
-        self.record["kept_link"] = go_link is link
-        link = go_link
+        self.state = "rejoining"
+        self.rejoining = decision["attempt"]
+        self.send({"type": "rejoin", "host": self.name, "attempt": decision["attempt"],
+                   "try": 0})
+        self.swarm.after(rejoin.rejoin_s(len(self.plan.hosts)), lambda: (
+            self.state == "rejoining" and self.not_rejoined("no go within the rejoin's time")))
+
+    def rejoin_answer(self, message):
+        if message.get("type") == "replaced":
+            self.not_rejoined(str(worker_link.WorkerLink.replaced(self.name, message)))
+        elif rejoin.answers(message, self.rejoining, 0):
+            if message["type"] != "go":
+                self.not_rejoined("the master abandoned the job: %s" % message.get("reason"))
+                return
+            self.record["go"] = time.time()
+            self.record["kept_link"] = True
+            self.state, self.attempt = "following", "second"
+            self.swarm.after(RANK_LAUNCH_S, self.second_attempt)
+
+    def second_attempt(self):
+        """The next attempt's ranks, launched: their starts, and their exits (0)."""
+        if self.state != "following":
+            return
+        self.report_starts()
         for rank in self.ranks:
-            link.send({"type": "rank_start", "rank": rank, "host": self.name,
-                       "pid": os.getpid()})
-        for rank in self.ranks:
-            link.send({"type": "rank_exit", "rank": rank, "host": self.name, "exit_code": 0})
-        self.follow(link, "second")
-        link.close()
+            self.send({"type": "rank_exit", "rank": rank, "host": self.name, "exit_code": 0})
+
+    def not_rejoined(self, why):
+        self.record["not_rejoined"] = why
+        self.finish()
+
+    # -- sending -------------------------------------------------------------------
+
+    def send(self, message):
+        """Queue `message` on the link and send what the socket takes now; the rest when
+        it is writable (wire.Stream keeps the order)."""
+        if self.stream is None:
+            return
+        try:
+            done = self.stream.send_without_waiting(message)
+        except OSError:
+            self.ended()
+            return
+        if not done:
+            self.swarm.selector.modify(self.sock, selectors.EVENT_READ | selectors.EVENT_WRITE,
+                                       self)
+
+    def flush(self):
+        try:
+            done = self.stream.flush()
+        except OSError:
+            self.ended()
+            return
+        if done:
+            self.swarm.selector.modify(self.sock, selectors.EVENT_READ, self)
+
+    def finish(self):
+        if self.state != "done":
+            self.state = "done"
+            self.drop_socket()
+            self.swarm.unfinished -= 1
+
+
+class Swarm:
+    """One swarm process's hosts, in one selectors loop with timers (each host's next
+    connect try, its handshake deadline, a backoff, a watchdog's T)."""
+
+    def __init__(self, plan, indices):
+        self.plan = plan
+        self.selector = selectors.DefaultSelector()
+        self.timers = []  # (when, sequence, action), a heap
+        self.sequence = itertools.count()
+        self.connect_deadline = time.monotonic() + CONNECT_DEADLINE_S
+        self.hosts = [SimulatedHost(self, index) for index in indices]
+        self.unfinished = len(self.hosts)
+
+    def after(self, delay, action):
+        heapq.heappush(self.timers, (time.monotonic() + delay, next(self.sequence), action))
+
+    def run(self):
+        for host in self.hosts:
+            self.after(0, host.try_connect)
+        faulty = [host for host in self.hosts if host.faulty]
+        triggered = False
+        end = time.monotonic() + RUN_DEADLINE_S
+        while self.unfinished and time.monotonic() < end:
+            now = time.monotonic()
+            timeout = min(self.timers[0][0] - now, POLL_S) if self.timers else POLL_S
+            for key, events in self.selector.select(max(timeout, 0)):
+                host = key.data
+                if events & selectors.EVENT_WRITE and host.sock is not None:
+                    host.writable()
+                if events & selectors.EVENT_READ and host.sock is not None:
+                    host.readable()
+            now = time.monotonic()
+            while self.timers and self.timers[0][0] <= now:
+                heapq.heappop(self.timers)[2]()
+            if not triggered and self.plan.trigger.is_set():
+                triggered = True
+                for host in faulty + [host for host in self.hosts if not host.faulty]:
+                    host.triggered()
 
 
 def swarm_process(plan, indices, out):
-    """One swarm process: a thread per simulated host. Puts on `out` (a multiprocessing
-    queue) every host's record and the process's CPU seconds."""
-    threading.stack_size(THREAD_STACK_BYTES)
-    hosts = [SimulatedHost(plan, index) for index in indices]
-    threads = [threading.Thread(target=host.live, daemon=True) for host in hosts]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + RUN_DEADLINE_S
-    for thread in threads:
-        thread.join(max(deadline - time.monotonic(), 0))
+    """One swarm process: its hosts in one loop. Puts on `out` (a multiprocessing queue)
+    every host's record and the process's CPU seconds."""
+    swarm = Swarm(plan, indices)
+    swarm.run()
     usage = os.times()
-    out.put({"records": [host.record for host in hosts], "cpu_s": usage.user + usage.system})
-
-
-def swarm_size(n, procs):
-    """Swarm processes for N hosts: `procs`, or more where a process would hold more than
-    THREADS_PER_SWARM_PROCESS hosts."""
-    return max(procs, math.ceil((n - 1) / THREADS_PER_SWARM_PROCESS))
+    out.put({"records": [host.record for host in swarm.hosts],
+             "cpu_s": usage.user + usage.system})
 
 
 # -- our master -------------------------------------------------------------------
@@ -686,9 +864,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--hosts", default="256,1024", help="N, comma-separated (the master's "
                    "host included)")
-    p.add_argument("--procs", type=int, default=8, help="swarm processes (more at large N: "
-                   "at most %d hosts each), and TCPStore client processes"
-                   % THREADS_PER_SWARM_PROCESS)
+    p.add_argument("--procs", type=int, default=8, help="swarm processes, and TCPStore "
+                   "client processes")
     p.add_argument("--scenarios", default=",".join(SCENARIOS),
                    help="of %s (start and fail-fast are one run)" % ",".join(SCENARIOS))
     p.add_argument("--hang-timeout", type=float, default=5.0,
@@ -724,7 +901,7 @@ def main():
             json_file.flush()
 
     for n in sizes:
-        procs = swarm_size(n, args.procs)
+        procs = args.procs
         for scenario in runs:
             ours.append(run_ours(n, scenario, procs, root, args.hang_timeout))
             emit(ours[-1])

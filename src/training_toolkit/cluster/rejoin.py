@@ -97,6 +97,13 @@ def rejoin_worker(master, port, host, key, attempt, try_, deadline, hosts, link=
         time.sleep(0.05)
 
 
+def answers(message, attempt, try_):
+    """Whether `message` is the master's `go` or `abandon` for `attempt`'s
+    try `try_` (a worker passes over what came before it)."""
+    return message.get("attempt") == attempt and message.get("try", 0) == try_ and \
+        message.get("type") in ("go", "abandon")
+
+
 def _next_word(link, host, attempt, try_, deadline):
     """The master's `go` or `abandon` for `attempt`'s try `try_` on `link`
     (what came before it, of the attempt before, passed over); None when
@@ -113,8 +120,7 @@ def _next_word(link, host, attempt, try_, deadline):
         if message.get("type") == "replaced":
             link.close()
             raise WorkerLink.replaced(host, message)
-        if message.get("attempt") == attempt and message.get("try", 0) == try_ and \
-                message.get("type") in ("go", "abandon"):
+        if answers(message, attempt, try_):
             link.stream.sock.settimeout(None)
             return message
 

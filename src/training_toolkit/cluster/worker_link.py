@@ -52,6 +52,12 @@ def connect_attempts(deadline, hosts):
     return backoff.attempts(deadline, first=0.05, most=connect_cap_s(hosts), jitter=True)
 
 
+def hello_message(stream, host, fields=None):
+    """A worker's hello on `stream`: `fields` (the roster's, a rejoin's)
+    and the nonce under which the master MACs its lines to this host."""
+    return dict(fields or {}, type="hello", host=host, nonce=stream.own_nonce.decode())
+
+
 class WorkerLink:
     """A worker's connection to the master's `train`."""
 
@@ -75,8 +81,7 @@ class WorkerLink:
                 _keepalive(sock)
                 stream = Stream(sock, key, TO_MASTER, TO_WORKER, nonce())
                 stream.read_greeting()
-                stream.send(dict(hello or {}, type="hello", host=host,
-                                 nonce=stream.own_nonce.decode()))
+                stream.send(hello_message(stream, host, hello))
                 try:
                     welcome = stream.receive()
                 except Rejected as e:
