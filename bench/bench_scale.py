@@ -54,11 +54,11 @@ Per run also: the master's peak RSS (VmHWM), its threads at the end of the start
 seconds (its rank's included), the swarm's CPU seconds (the swarm shares the machine's CPUs
 with the master, which on a cluster has its own: its retries while the master starts cost
 the master time here that they would not cost there); the connects that failed, by kind:
-refused (ECONNREFUSED: mostly the tries before the master listens, at its start and between
-attempts: retried, as a worker's `train` retries), reset (ECONNRESET, EPIPE), timed out,
-closed by the master (it hung up before or on the hello, or closed the link before the
-verdict); and the hosts that never got in. (A rejoin's own retries stay inside
-rejoin.rejoin; a host that could not rejoin is counted apart.)
+refused (ECONNREFUSED: the tries before the master listens, retried as a worker's `train`
+retries; `refused_while_listening` counts the hosts refused on a try started after another
+host was welcomed), reset (ECONNRESET, EPIPE), timed out, closed by the master (it hung up
+before or on the hello, or closed the link before the verdict); and the hosts that never got
+in, or did not rejoin.
 
 Side by side (unless --no-tcpstore), with the start and fail-fast scenario: torch's
 TCPStore (libuv) with N clients in as many client processes as the swarm has, and the
@@ -263,6 +263,7 @@ class SimulatedHost:
             self.finish()
             return
         self.tries += 1
+        self.try_started = time.time()
         self.state = "connecting"
         self.pending.clear()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -290,6 +291,8 @@ class SimulatedHost:
     def failed(self, kind):
         """This try failed (`kind`, counted); the next one after a jittered wait."""
         self.errors[kind] += 1
+        if kind == "refused":
+            self.record["last_refused"] = self.try_started
         self.drop_socket()
         self.swarm.after(next(self.retries), self.try_connect)
 
@@ -649,6 +652,7 @@ def run_ours(n, scenario, procs, root, hang_timeout_s):
         "master_exit": master.returncode,
         "connects_failed": dict(sum((collections.Counter(r["errors"]) for r in records),
                                     collections.Counter())),
+        "refused_while_listening": _refused_while_listening(records),
         "not_joined": sorted({r["not_joined"] for r in records if "not_joined" in r})[:3],
         "master_peak_rss_mb": round(watch.peak_kb / 1024, 1),
         "master_threads": threads_at_start,
@@ -671,6 +675,13 @@ def _last_after(records, stage, since, count):
     """Seconds from `since` to the last host's `stage`, if all `count` hosts got there."""
     times = [r[stage] for r in records if stage in r]
     return round(max(times) - since, 3) if times and len(times) == count else None
+
+
+def _refused_while_listening(records):
+    """The hosts that had a connect refused which they tried after another host was
+    welcomed (so the master listened then: it listens from its start to its verdict)."""
+    listening = _earliest(records, "welcomed")
+    return sum(1 for r in records if listening and r.get("last_refused", 0) > listening)
 
 
 def _earliest(records, stage):

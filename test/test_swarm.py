@@ -30,6 +30,7 @@ def swarm(tmp_path, scenario, hang_timeout_s=2.0):
     failed = {kind: count for kind, count in result["connects_failed"].items()
               if kind != "refused"}  # refused: the tries before the master listened
     assert failed == {} and result["not_joined"] == [], result
+    assert result["refused_while_listening"] == 0, result
     # One loop serves every connection: a thread per host would be over 1,000.
     assert result["master_threads"] < 32, result
     return result
