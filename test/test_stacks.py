@@ -369,7 +369,23 @@ def test_the_master_keeps_one_copy_of_the_frames_its_hosts_share():
         ledger.stacks_of(host, json.loads(json.dumps({"8": {"signature": frames}})))
     two, three = (ledger.stacks[h]["8"]["signature"] for h in ("algo-2", "algo-3"))
     assert two == three == frames
-    assert all(a is b for a, b in zip(two, three))
+    assert two is three  # one list for the job, its strings once
+
+
+def test_the_odd_rank_is_found_over_shared_and_separate_lists():
+    """The master makes each distinct list of frames a tuple once: ranks that
+    share one list (as the ledger keeps them) and ranks with an equal list of
+    their own count alike."""
+    from training_toolkit.resilience.hang import odd_rank
+
+    waiting = ["all_reduce", "train_step", "<module>"]
+    summaries = {r: {"signature": waiting} for r in range(5)}
+    summaries[5] = {"signature": list(waiting)}  # equal, not the same list
+    summaries[6] = {"signature": ["next", "train_step", "<module>"]}
+    assert odd_rank(summaries) == 6
+    summaries[7] = {"signature": ["next", "train_step", "<module>"]}
+    assert odd_rank(summaries) is None
+    assert odd_rank({0: {}, 1: {"signature": waiting}, 2: {"signature": list(waiting)}}) == 0
 
 
 def test_a_hosts_reply_carries_each_distinct_stack_once():

@@ -431,3 +431,25 @@ def test_long_lists_of_names_are_cut_for_messages():
     assert some_of(["algo-2", "algo-3"]) == "algo-2, algo-3"
     assert some_of(["algo-%d" % i for i in range(16384)]) == (
         ", ".join("algo-%d" % i for i in range(10)) + " and 16374 more")
+
+
+def test_the_ledger_counts_each_rank_once_and_a_failure_ends_the_wait():
+    """The master's ledger counts the ranks that exited as their reports come:
+    a rank reported twice (a launcher's notice, then its own report) once, and
+    a failed rank ends a wait for every exit unless it waits for `every` one."""
+    import time
+
+    from training_toolkit.cluster.verdict import Ledger
+
+    ledger = Ledger()
+    ledger.rank_exited(0, "algo-1", 0)
+    ledger.rank_exited(0, "algo-1", 0)
+    assert not ledger.wait_for_exits(2, time.monotonic() + 0.05)
+    ledger.rank_exited(1, "algo-2", 0)
+    assert ledger.wait_for_exits(2, time.monotonic() + 0.05)
+    assert ledger.exited_ranks() == {0, 1}
+    ledger.new_ledger()
+    assert ledger.exited_ranks() == set()
+    ledger.rank_exited(3, "algo-2", 1)
+    assert ledger.wait_for_exits(8, time.monotonic() + 0.05)
+    assert not ledger.wait_for_exits(8, time.monotonic() + 0.05, every=True)
