@@ -215,8 +215,8 @@ comm.Barrier()
 TARGET_16_HOSTS_S = 8.0
 
 
-def growth(host_counts, runs, svg):
-    """N hosts x 1 process through `train`: the trivial job's span (first
+def growth(venv, host_counts, runs, svg):
+    """N hosts x 1 process through `venv`'s `train`: the trivial job's span (first
     `train` started to last one ended), the master's SSH readiness, and the
     fail-fast span from a rank's exit on the last host to every host's exit."""
     import sys
@@ -230,7 +230,8 @@ def growth(host_counts, runs, svg):
         spans, ssh, fails = [], [], []
         last = "algo-%d" % n
         with ClusterJob(common.fresh_dir("mpi-growth", str(n)), n,
-                        {"train.py": GROWTH_SCRIPT}, hyperparameters=hps) as job:
+                        {"train.py": GROWTH_SCRIPT}, hyperparameters=hps,
+                        train=os.path.join(venv, "bin", "train")) as job:
             for i in range(runs):
                 t0 = time.monotonic()
                 job.start().wait(timeout=300)
@@ -284,7 +285,8 @@ def main():
     args = p.parse_args()
     if args.hosts:
         common.print_header()
-        return growth([int(n) for n in args.hosts.split(",")], args.runs, args.svg)
+        return growth(args.ours_venv, [int(n) for n in args.hosts.split(",")], args.runs,
+                      args.svg)
     if args.mpi_options:
         MPI_HPS["sagemaker_mpi_custom_mpi_options"] = args.mpi_options
     common.print_header()

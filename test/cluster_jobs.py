@@ -37,9 +37,11 @@ class ClusterJob:
 
     def __init__(self, root, n, files, entry_point="train.py", hyperparameters=None,
                  distributed=None, instance_groups=None, minimal_resource_config=False,
-                 write_tree=None):
+                 write_tree=None, train=TRAIN):
         """`write_tree(host, base, hosts)`, when given, lays out each host's job
-        tree instead (files and the other arguments are then unused)."""
+        tree instead (files and the other arguments are then unused). `train`:
+        the `train` each host starts (a benchmark's, from a venv it is given)."""
+        self.train = train
         self.root = str(root)
         self.src = os.path.join(self.root, "src")
         os.makedirs(self.src, exist_ok=True)
@@ -91,7 +93,7 @@ class ClusterJob:
         for host in hosts or self.hosts:
             env = self.env(**extra_env)
             env.update(env_of(host) if env_of else {})
-            proc = self.cluster.popen(host, [TRAIN, *argv], env=env, cwd=cwd,
+            proc = self.cluster.popen(host, [self.train, *argv], env=env, cwd=cwd,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             self.runs[host] = HostRun(host, proc)
         return self
