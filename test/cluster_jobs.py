@@ -62,8 +62,11 @@ class ClusterJob:
                            minimal_resource_config=minimal_resource_config)
             if distributed is not None:
                 write_job(distributed, base, entry_point, source_dir=self.src)
+        # A `train` given from a venv under /tmp: the hosts, whose /tmp is
+        # private, see that venv too.
+        venv = [] if train == TRAIN else [os.path.dirname(os.path.dirname(train))]
         self.cluster = SimCluster(n, [self.roots[h] for h in self.hosts],
-                                  shared_paths=[self.root])
+                                  shared_paths=[self.root] + venv)
         self.runs = {}
 
     def __enter__(self):
