@@ -14,11 +14,12 @@ a restart the `rejoin` over the host's link and the `go` that answers it as
 rejoin.rejoin_worker tells it (rejoin.answers), as a worker's `train` rejoins over the link
 it kept. A host connects (retrying while the master starts, each try's handshake within
 worker_link.handshake_s, as WorkerLink.connect does), says hello, reports its 8 ranks'
-starts over its link, and follows the master as JobWorker does: its ranks' stacks on a
-`dump`, then the abort, then the verdict. A `recorded` acknowledgement of a rank's exit on
-the link is taken in stride (its time is kept). (A thread per host, each in WorkerLink
-itself, was the swarm before: at 16,384 hosts its threads took 34 s of CPU from the two
-cores the master runs on, where this loop takes a few.)
+starts over its link (in as few TCP segments as they fit, as Nagle's algorithm, on in a
+worker's link, coalesces a host's reports on a network), and follows the master as
+JobWorker does: its ranks' stacks on a `dump`, then the abort, then the verdict. A
+`recorded` acknowledgement of a rank's exit on the link is taken in stride (its time is
+kept). (A thread per host, each in WorkerLink itself, took 34 s of CPU at 16,384 hosts from
+the two cores the master runs on; this loop takes a few.)
 
 Scenarios (--scenarios; a master run each, per N). Every run also measures its start: the
 master's `train` started -> every simulated worker welcomed; and its join: the first
@@ -124,6 +125,7 @@ bench/scale_chart.py draws), then the tables. Times are measured, never asserted
 """
 import argparse
 import collections
+import contextlib
 import datetime
 import errno
 import heapq
@@ -383,9 +385,23 @@ class SimulatedHost:
         self.report_starts()
 
     def report_starts(self):
-        for rank in self.ranks:
-            self.send({"type": "rank_start", "rank": rank, "host": self.name,
-                       "pid": os.getpid()})
+        with self.corked():
+            for rank in self.ranks:
+                self.send({"type": "rank_start", "rank": rank, "host": self.name,
+                           "pid": os.getpid()})
+
+    @contextlib.contextmanager
+    def corked(self):
+        """The host's messages sent meanwhile leave in as few segments as they fit
+        (TCP_CORK), each still its own line: on loopback the master's receiving of a
+        segment is done in the sender's `send`, which costs the swarm's CPU, the master's
+        too, per segment."""
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+        try:
+            yield
+        finally:
+            if self.sock is not None:
+                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
 
     def triggered(self):
         """The failure, or the silence, of this host's last rank (on the faulty host); on
@@ -477,8 +493,10 @@ class SimulatedHost:
         if self.state != "following":
             return
         self.report_starts()
-        for rank in self.ranks:
-            self.send({"type": "rank_exit", "rank": rank, "host": self.name, "exit_code": 0})
+        with self.corked():
+            for rank in self.ranks:
+                self.send({"type": "rank_exit", "rank": rank, "host": self.name,
+                           "exit_code": 0})
 
     def not_rejoined(self, why):
         self.record["not_rejoined"] = why

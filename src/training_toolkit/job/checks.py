@@ -62,11 +62,14 @@ def too_deep(value):
 def check_text(value, path, field, variable_name=False):
     """`value` must be a string that can go into an argv or the environment
     (a variable's name, with `variable_name`, cannot hold '=' either)."""
-    require(isinstance(value, str), "must be a string, got %s" % shown(value), path, field)
+    # The messages are made only for a value refused: a master checks 16,384 host names.
+    if not isinstance(value, str):
+        raise ConfigError("must be a string, got %s" % shown(value), path=path, field=field)
     why = params.unusable_text(value)
     if why is None and variable_name and "=" in value:
         why = "contains '=', which cannot be in the name of an environment variable"
-    require(why is None, "%s %s" % (shown(value), why), path, field)
+    if why is not None:
+        raise ConfigError("%s %s" % (shown(value), why), path=path, field=field)
 
 
 def check_hosts(resource_config, path, in_rank_order=False):
