@@ -254,6 +254,8 @@ class SimulatedHost:
         self.pending = bytearray()
         self.state = "connecting"
         self.tries = 0  # tells a try's handshake deadline from a later try's
+        self.try_started = None  # when the try under way began (wall clock)
+        self.rejoining = None  # the attempt a restart's `rejoin` was sent for
         self.attempt = "first"
         self.stacks_line = None  # the answer to a dump, made before it comes (`triggered`)
 
