@@ -24,7 +24,7 @@ the two cores the master runs on; this loop takes a few.)
 Scenarios (--scenarios; a master run each, per N). Every run also measures its start: the
 master's `train` started -> every simulated worker welcomed; and its join: the first
 simulated worker welcomed -> the last (the control port taking every host once it listens;
-each host retries as WorkerLink does: with full jitter, capped at control.connect_cap_s,
+each host retries as WorkerLink does: with full jitter, capped at worker_link.connect_cap_s,
 0.1 s up to 1,000 hosts, 1.6 s at 16,384).
   start,     one run: the last host's last rank reports exit 3 over its host's link ->
   fail-fast  every simulated worker has the master's abort. The tables' start is this run's.
@@ -144,7 +144,7 @@ import time
 import common
 
 from training_toolkit import backoff, params
-from training_toolkit.cluster import control, coordination, rejoin, wire, worker_link
+from training_toolkit.cluster import coordination, rejoin, wire, worker_link
 from training_toolkit.job.paths import JobPaths
 from training_toolkit.rehearsal.jobtree import write_job_tree
 
@@ -248,7 +248,9 @@ class SimulatedHost:
         self.faulty = index == len(self.plan.hosts) - 1  # its last rank fails, or falls silent
         self.errors = collections.Counter()
         self.record = {"host": self.name, "errors": self.errors}
-        self.retries = backoff.delays(0.05, control.connect_cap_s(len(self.plan.hosts)),
+        # The waits of worker_link.connect_attempts, one try at a time.
+        self.retries = backoff.delays(worker_link.CONNECT_FIRST_S,
+                                      worker_link.connect_cap_s(len(self.plan.hosts)),
                                       jitter=True)
         self.sock = self.stream = None
         self.pending = bytearray()

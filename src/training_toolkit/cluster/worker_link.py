@@ -46,10 +46,16 @@ def handshake_s(hosts):
     return max(HANDSHAKE_S, hosts * HANDSHAKE_PER_HOST_S)
 
 
+# A worker's first wait before it tries to connect again.
+CONNECT_FIRST_S = 0.05
+
+
 def connect_attempts(deadline, hosts):
     """A worker's tries to connect to the master, in a job of `hosts`: from
-    50 ms, doubling up to connect_cap_s, each wait drawn at random below it."""
-    return backoff.attempts(deadline, first=0.05, most=connect_cap_s(hosts), jitter=True)
+    CONNECT_FIRST_S, doubling up to connect_cap_s, each wait drawn at random
+    below it."""
+    return backoff.attempts(deadline, first=CONNECT_FIRST_S, most=connect_cap_s(hosts),
+                            jitter=True)
 
 
 def hello_message(stream, host, fields=None):
